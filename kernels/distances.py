@@ -2,7 +2,10 @@
 
 A distance matrix is a GEMM (``|x|^2 + |y|^2 - 2 x.y``), which is fast but loses
 precision when the points sit far from the origin: both sets are centered on their
-common mean first (distances do not change, the cancellation goes away). Cosine distance
+common mean first (distances do not change, most of the cancellation goes away). Pairs
+still much closer than their norms (duplicates, tight clusters away from the mean; the
+Gram form gives them errors of ``sqrt(eps) * |x|``) are recomputed exactly as
+``sum((x - y)**2)``, so small distances, the ones H0 and the MST depend on, are accurate. Cosine distance
 is computed as ``|x/|x| - y/|y||^2 / 2`` through the same path, which keeps it accurate for
 nearly parallel vectors. Self-distances are exactly symmetric with an exact zero diagonal.
 
@@ -14,7 +17,7 @@ needs ``TRITON_INTERPRET=1``). NumPy inputs give NumPy outputs, tensors give ten
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -25,7 +28,7 @@ from workbench.errors import WorkbenchError
 Metric = Literal["euclidean", "sqeuclidean", "cosine"]
 Backend = Literal["auto", "torch", "triton"]
 METRICS = ("euclidean", "sqeuclidean", "cosine")
-DEFAULT_BLOCK = 2048
+DEFAULT_BLOCK = 1024
 
 
 def _to_tensor(a) -> tuple[torch.Tensor, bool]:
@@ -49,8 +52,23 @@ def _out(t: torch.Tensor, was_numpy: bool):
     return t.cpu().numpy() if was_numpy else t
 
 
-def _prepare(X: torch.Tensor, Y: torch.Tensor | None, metric: str):
-    """Centered (or normalised-then-centered) copies and their squared norms."""
+class _Side(NamedTuple):
+    """One point set ready for the GEMM: the points as the metric sees them (normalised for
+    cosine; used for exact differences), a centered copy, and its squared row norms."""
+
+    raw: torch.Tensor
+    c: torch.Tensor
+    sq: torch.Tensor
+
+    def rows(self, s: int, e: int | None = None) -> _Side:
+        return _Side(self.raw[s:e], self.c[s:e], self.sq[s:e])
+
+    def float(self) -> _Side:
+        return _Side(self.raw.float(), self.c.float(), self.sq.float())
+
+
+def _prepare(X: torch.Tensor, Y: torch.Tensor | None, metric: str) -> tuple[_Side, _Side | None]:
+    """Both sets centered on their common mean (normalised first for cosine)."""
     if metric not in METRICS:
         raise WorkbenchError(f"unknown metric {metric!r}; use one of {', '.join(METRICS)}")
     if Y is not None:
@@ -68,11 +86,12 @@ def _prepare(X: torch.Tensor, Y: torch.Tensor | None, metric: str):
         total = total + Y.sum(0, dtype=torch.float64)
         count += Y.shape[0]
     mu = (total / max(count, 1)).to(X.dtype)
-    Xc = (X - mu).contiguous()
-    Yc = None if Y is None else (Y - mu).contiguous()
-    xx = (Xc * Xc).sum(1)
-    yy = None if Yc is None else (Yc * Yc).sum(1)
-    return Xc, Yc, xx, yy
+
+    def side(P: torch.Tensor) -> _Side:
+        Pc = (P - mu).contiguous()
+        return _Side(P, Pc, (Pc * Pc).sum(1))
+
+    return side(X), None if Y is None else side(Y)
 
 
 def _normalise(X: torch.Tensor, name: str) -> torch.Tensor:
@@ -95,11 +114,30 @@ def _finish(sq: torch.Tensor, metric: str) -> torch.Tensor:
     return sq
 
 
-def _sq_block(xb: torch.Tensor, xxb: torch.Tensor, Yc: torch.Tensor, yy: torch.Tensor) -> torch.Tensor:
-    """Squared distances of a row block to all columns (torch path, unclamped)."""
-    out = torch.addmm(yy.unsqueeze(0), xb, Yc.T, beta=1, alpha=-2)
-    out.add_(xxb.unsqueeze(1))
-    return out
+def _sq_block(xs: _Side, ys: _Side) -> torch.Tensor:
+    """Squared distances of a row block to all columns (torch path, unclamped, refined)."""
+    out = torch.addmm(ys.sq.unsqueeze(0), xs.c, ys.c.T, beta=1, alpha=-2)
+    out.add_(xs.sq.unsqueeze(1))
+    return _refine(out, xs, ys)
+
+
+# Relative size d^2 / (|x|^2 + |y|^2) below which the Gram form is recomputed directly:
+# there its relative error, about 2 eps (|x|^2 + |y|^2) / d^2, would exceed ~1e-5.
+_REFINE_BELOW = {torch.float32: 1e-2, torch.float64: 1e-10}
+_REFINE_CHUNK = 1 << 22  # elements of x - y held at once
+
+
+def _refine(sq: torch.Tensor, xs: _Side, ys: _Side) -> torch.Tensor:
+    """In place: recompute, from the uncentered points, entries dominated by rounding."""
+    tau = _REFINE_BELOW.get(sq.dtype, 1e-2)
+    thr = tau * (xs.sq + ys.sq.max())  # conservative per-row bound of tau * (|x_i|^2 + |y_j|^2)
+    i, j = torch.nonzero(sq < thr.unsqueeze(1), as_tuple=True)
+    step = max(1, _REFINE_CHUNK // max(1, xs.raw.shape[1]))
+    for s in range(0, i.numel(), step):
+        a, b = i[s : s + step], j[s : s + step]
+        diff = xs.raw[a] - ys.raw[b]
+        sq[a, b] = (diff * diff).sum(1).to(sq.dtype)
+    return sq
 
 
 def _use_triton(X: torch.Tensor, backend: str) -> bool:
@@ -129,34 +167,29 @@ def pairwise_distances(
     """
     Xt, was_numpy = _to_tensor(X)
     Yt = None if Y is None else _to_tensor(Y)[0]
-    Xc, Yc, xx, yy = _prepare(Xt, Yt, metric)
-    if _use_triton(Xc, backend):
-        squared = metric != "euclidean"
-        out = triton_distances.sqdist(
-            Xc.float(), (Xc if Yc is None else Yc).float(), xx.float(), (xx if yy is None else yy).float(),
-            symmetric=Yc is None, sqrt=not squared,
-        )  # fmt: skip
-        if metric == "cosine":
-            out.mul_(0.5)
-        return _out(out, was_numpy)
-    if Yc is None:
-        out = _symmetric_torch(Xc, xx, block_size or DEFAULT_BLOCK)
+    xs, ys = _prepare(Xt, Yt, metric)
+    if _use_triton(xs.c, backend):
+        xs = xs.float()
+        ys = xs if ys is None else ys.float()
+        out = triton_distances.sqdist(xs.c, ys.c, xs.sq, ys.sq, symmetric=ys is xs)
+        return _out(_finish(_refine(out, xs, ys), metric), was_numpy)
+    if ys is None:
+        out = _symmetric_torch(xs, block_size or DEFAULT_BLOCK)
     else:
         bs = block_size or DEFAULT_BLOCK
-        out = torch.empty((Xc.shape[0], Yc.shape[0]), dtype=Xc.dtype, device=Xc.device)
-        for s in range(0, Xc.shape[0], bs):
-            out[s : s + bs] = _sq_block(Xc[s : s + bs], xx[s : s + bs], Yc, yy)
+        out = torch.empty((len(xs.c), len(ys.c)), dtype=xs.c.dtype, device=xs.c.device)
+        for s in range(0, len(xs.c), bs):
+            out[s : s + bs] = _sq_block(xs.rows(s, s + bs), ys)
     return _out(_finish(out, metric), was_numpy)
 
 
-def _symmetric_torch(Xc: torch.Tensor, xx: torch.Tensor, bs: int) -> torch.Tensor:
+def _symmetric_torch(xs: _Side, bs: int) -> torch.Tensor:
     """Squared self-distances: upper block-triangle by GEMM, mirrored (half the FLOPs, exact symmetry)."""
-    n = Xc.shape[0]
-    out = torch.empty((n, n), dtype=Xc.dtype, device=Xc.device)
+    n = len(xs.c)
+    out = torch.empty((n, n), dtype=xs.c.dtype, device=xs.c.device)
     for s in range(0, n, bs):
         e = min(s + bs, n)
-        row = torch.addmm(xx[s:].unsqueeze(0), Xc[s:e], Xc[s:].T, beta=1, alpha=-2)
-        row.add_(xx[s:e].unsqueeze(1))
+        row = _sq_block(xs.rows(s, e), xs.rows(s))
         diag = row[:, : e - s]
         diag.copy_(torch.triu(diag, 1) + torch.triu(diag, 1).T)  # zero diagonal, exact symmetry
         out[s:e, s:] = row
@@ -174,18 +207,21 @@ def iter_distance_blocks(
     """
     Xt, _ = _to_tensor(X)
     Yt = None if Y is None else _to_tensor(Y)[0]
-    Xc, Yc, xx, yy = _prepare(Xt, Yt, metric)
-    self_mode = Yc is None
+    xs, ys = _prepare(Xt, Yt, metric)
+    self_mode = ys is None
     if self_mode:
-        Yc, yy = Xc, xx
-    triton = _use_triton(Xc, backend)
+        ys = xs
+    triton = _use_triton(xs.c, backend)
+    if triton:
+        xs, ys = xs.float(), ys.float()
     bs = block_size or DEFAULT_BLOCK
-    for s in range(0, Xc.shape[0], bs):
-        e = min(s + bs, Xc.shape[0])
+    for s in range(0, len(xs.c), bs):
+        e = min(s + bs, len(xs.c))
+        xb = xs.rows(s, e)
         if triton:
-            blk = triton_distances.sqdist(Xc[s:e].float(), Yc.float(), xx[s:e].float(), yy.float())
+            blk = _refine(triton_distances.sqdist(xb.c, ys.c, xb.sq, ys.sq), xb, ys)
         else:
-            blk = _sq_block(Xc[s:e], xx[s:e], Yc, yy)
+            blk = _sq_block(xb, ys)
         if self_mode:
             blk[:, s:e].fill_diagonal_(0)
         yield s, e, _finish(blk, metric)
@@ -231,3 +267,30 @@ def knn(
         idx.append(i.cpu())
         dist.append(d.cpu())
     return torch.cat(idx).numpy(), torch.cat(dist).numpy()
+
+
+def maxmin_subsample(X, m: int, metric: Metric = "euclidean", start: int = 0):
+    """Farthest-point (maxmin) landmarks: ``m`` indices, each the farthest from those before it.
+
+    Returns ``(indices, radius)`` where ``radius`` is the Hausdorff distance between the cloud
+    and the landmarks (every point lies within ``radius`` of a landmark), so Rips diagrams of
+    the landmarks are within bottleneck distance ``2 * radius`` of the full cloud's.
+    Costs ``m`` matrix-vector products; the distance matrix is never formed.
+    """
+    Xt, _ = _to_tensor(X)
+    n = Xt.shape[0]
+    if not 1 <= m <= n:
+        raise WorkbenchError(f"{m} landmarks asked from {n} points; use 1 <= landmarks <= {n}")
+    xs, _ = _prepare(Xt, None, metric)
+    Xc, xx = xs.c, xs.sq
+    idx = torch.empty(m, dtype=torch.int64)
+    mins = torch.full((n,), float("inf"), dtype=Xc.dtype, device=Xc.device)
+    j = start
+    for t in range(m):
+        idx[t] = j
+        sq = torch.addmv(xx + xx[j], Xc, Xc[j], alpha=-2)
+        torch.minimum(mins, sq, out=mins)
+        mins[j] = 0
+        j = int(torch.argmax(mins))
+    radius = _finish(mins.max().reshape(1), metric)
+    return idx.numpy(), float(radius[0])
