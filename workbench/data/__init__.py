@@ -1,0 +1,1 @@
+"""Text and prompt data. Submodules may import heavy packages; this file stays light."""

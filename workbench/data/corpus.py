@@ -1,0 +1,295 @@
+"""An offline English + code text corpus, and fixed-length token blocks cut from it.
+
+Text that is on every machine: the docstrings and documentation files (.md, .rst, .txt) of
+the installed Python packages. ``build_corpus`` walks site-packages in sorted order, keeps
+mostly-prose English (code examples inside docstrings stay), drops license files, data
+files and exact duplicates, and splits documents into train / held-out by a hash of their
+source path, so the split is the same on every machine with the same packages and a
+document never straddles it. The result is cached as JSON lines in the user cache folder,
+keyed by the installed packages and their versions.
+
+A user's own text (a .txt / .md / .jsonl file or a folder of them) goes through the same
+split and blocking code via ``source=``.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.metadata
+import inspect
+import json
+import os
+import re
+import site
+import sysconfig
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from workbench.errors import WorkbenchError
+from workbench.paths import cache_dir
+
+CORPUS_VERSION = 1
+HELDOUT_PERCENT = 10
+SPLITS = ("train", "heldout", "all")
+DOC_SUFFIXES = (".md", ".rst", ".txt")
+LOCAL_SUFFIXES = (".txt", ".md", ".jsonl")
+MAX_FILE_BYTES = 1_000_000
+MIN_DOCSTRING_CHARS = 120
+_SKIP_NAME = re.compile(
+    r"^(licen[cs]e|copying|notice|authors|contributors|patents|third[-_]party|requirements|"
+    r"entry_points|top_level|dependency_links|sources|record|installer|wheel|vocab|merges)",
+    re.IGNORECASE,
+)
+_SKIP_DIR = {"__pycache__", "tests", "test", "testing", "_vendor", "vendored", "node_modules"}
+_STOPWORDS = frozenset({
+    "the", "of", "and", "to", "a", "in", "is", "for", "that", "this", "with", "be", "as", "on", "it",
+    "are", "by", "if", "or", "not", "an", "from", "you", "can", "which", "will", "when", "we", "use", "used",
+})
+_WORD = re.compile(r"[A-Za-z]{2,}")
+
+
+# ----------------------------------------------------------------------------- filtering
+
+
+def is_prose(text: str, min_chars: int = MIN_DOCSTRING_CHARS) -> bool:
+    """Mostly English prose: long enough, mostly letters, and common English words present."""
+    if len(text) < min_chars:
+        return False
+    nonspace = sum(1 for c in text if not c.isspace())
+    letters = sum(1 for c in text if c.isalpha())
+    if not nonspace or letters / nonspace < 0.6:
+        return False
+    words = _WORD.findall(text)
+    if len(words) < 15:
+        return False
+    stop = sum(1 for w in words if w.lower() in _STOPWORDS)
+    return stop / len(words) >= 0.12
+
+
+def _normalize(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(_normalize(text).encode()).hexdigest()
+
+
+def split_of(key: str) -> str:
+    """``heldout`` for HELDOUT_PERCENT % of source keys (by SHA-256), else ``train``."""
+    return "heldout" if int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 100 < HELDOUT_PERCENT else "train"
+
+
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise WorkbenchError(f"Unknown split {split!r}: choose one of {', '.join(SPLITS)}.")
+
+
+# ----------------------------------------------------------------------------- site-packages
+
+
+def site_packages_dirs() -> list[Path]:
+    """The existing site-packages folders of this interpreter, sorted and de-duplicated."""
+    candidates = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *site.getsitepackages()}
+    return sorted({Path(p).resolve() for p in candidates if Path(p).is_dir()})
+
+
+def _walk(root: Path) -> Iterator[Path]:
+    """Files under ``root`` in a deterministic order, skipping metadata, caches and test folders."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(
+            d for d in dirnames if d not in _SKIP_DIR and not d.endswith((".dist-info", ".egg-info"))
+        )
+        for name in sorted(filenames):
+            yield Path(dirpath) / name
+
+
+def docstrings(source: str) -> list[str]:
+    """Module, class and function docstrings of Python source (cleaned, in file order)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError):
+        return []
+    nodes = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, nodes):
+            doc = ast.get_docstring(node, clean=False)
+            if doc:
+                out.append(inspect.cleandoc(doc))
+    return out
+
+
+def _read(path: Path) -> str | None:
+    try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            return None
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def site_documents(roots: Iterable[Path] | None = None) -> Iterator[tuple[str, str]]:
+    """``(key, text)`` for each prose document of the installed packages, deduplicated.
+
+    A .py file gives one document (its prose docstrings joined); a documentation file gives
+    one document if it reads as prose. Keys are paths relative to their site-packages folder.
+    """
+    seen: set[str] = set()
+    for root in roots if roots is not None else site_packages_dirs():
+        root = Path(root)
+        for path in _walk(root):
+            if _SKIP_NAME.match(path.name):
+                continue
+            is_py = path.suffix == ".py"
+            if not is_py and path.suffix.lower() not in DOC_SUFFIXES:
+                continue
+            text = _read(path)
+            if not text:
+                continue
+            parts = [d for d in docstrings(text) if is_prose(d)] if is_py else ([text] if is_prose(text) else [])
+            kept = []
+            for part in parts:
+                h = _digest(part)
+                if h not in seen:
+                    seen.add(h)
+                    kept.append(part.strip())
+            if kept:
+                yield path.relative_to(root).as_posix(), "\n\n".join(kept)
+
+
+def _fingerprint(roots: list[Path]) -> str:
+    dists = sorted(
+        f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions() if d.metadata["Name"]
+    )
+    blob = json.dumps({"version": CORPUS_VERSION, "roots": [str(r) for r in roots], "dists": dists})
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def build_corpus(roots: Iterable[Path] | None = None, force: bool = False) -> Path:
+    """Build (once) and return the cache folder holding ``train.jsonl``, ``heldout.jsonl``, ``manifest.json``."""
+    roots = [Path(r).resolve() for r in roots] if roots is not None else site_packages_dirs()
+    folder = cache_dir("corpus", _fingerprint(roots))
+    manifest = folder / "manifest.json"
+    if manifest.exists() and not force:
+        return folder
+    counts = {"train": [0, 0], "heldout": [0, 0]}
+    tmp = {s: folder / f"{s}.jsonl.tmp" for s in counts}
+    handles = {s: tmp[s].open("w", encoding="utf-8") for s in counts}
+    try:
+        for key, text in site_documents(roots):
+            s = split_of(key)
+            handles[s].write(json.dumps({"source": key, "text": text}) + "\n")
+            counts[s][0] += 1
+            counts[s][1] += len(text)
+    finally:
+        for h in handles.values():
+            h.close()
+    for s, p in tmp.items():
+        p.replace(folder / f"{s}.jsonl")
+    manifest.write_text(json.dumps({
+        "version": CORPUS_VERSION,
+        "roots": [str(r) for r in roots],
+        "heldout_percent": HELDOUT_PERCENT,
+        "documents": {s: c[0] for s, c in counts.items()},
+        "characters": {s: c[1] for s, c in counts.items()},
+    }, indent=2))
+    return folder
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def local_documents(path: str | Path) -> Iterator[tuple[str, str]]:
+    """``(key, text)`` from a .txt / .md file (one document), a .jsonl file (field ``text``), or a folder."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise WorkbenchError(f"Text source {path} does not exist: pass a .txt/.md/.jsonl file or a folder.")
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    files = [f for f in files if f.suffix.lower() in LOCAL_SUFFIXES]
+    if not files:
+        raise WorkbenchError(f"No .txt, .md or .jsonl files in {path}.")
+    base = path.parent if path.is_file() else path
+    for f in files:
+        key = f.relative_to(base).as_posix()
+        text = f.read_text(encoding="utf-8", errors="replace")
+        if f.suffix.lower() != ".jsonl":
+            yield key, text
+            continue
+        for i, line in enumerate(text.splitlines()):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                doc = record["text"]
+            except (ValueError, KeyError, TypeError):
+                raise WorkbenchError(f"{f}:{i + 1} is not a JSON object with a 'text' field.") from None
+            yield f"{key}:{i + 1}", str(doc)
+
+
+def documents(split: str = "heldout", source: str | Path | None = None) -> list[str]:
+    """The texts of one split of the package corpus, or of a local ``source``."""
+    _check_split(split)
+    if source is not None:
+        return [t for k, t in local_documents(source) if split == "all" or split_of(k) == split]
+    folder = build_corpus()
+    names = ["train", "heldout"] if split == "all" else [split]
+    out = []
+    for name in names:
+        with (folder / f"{name}.jsonl").open(encoding="utf-8") as fh:
+            out.extend(json.loads(line)["text"] for line in fh)
+    return out
+
+
+def _token_stream(tokenizer, texts: list[str], order: list[int], needed: int, chunk_chars: int = 20_000):
+    """Token ids of documents in ``order``, separated by EOS, until ``needed`` ids are collected."""
+    eos = tokenizer.eos_token_id
+    ids: list[int] = []
+    for i in order:
+        text = texts[i]
+        for start in range(0, len(text), chunk_chars):
+            ids.extend(tokenizer(text[start : start + chunk_chars], add_special_tokens=False)["input_ids"])
+        if eos is not None:
+            ids.append(eos)
+        if len(ids) >= needed:
+            break
+    return ids
+
+
+def token_blocks(tokenizer, n_tokens: int, block_len: int, split: str = "heldout", seed: int = 0,
+                 source: str | Path | None = None, prepend_bos: bool = True):
+    """``LongTensor[n_tokens // block_len, block_len]`` of consecutive corpus tokens.
+
+    Documents are taken in a seeded random order and joined with EOS; each block starts
+    with BOS when ``prepend_bos`` and the tokenizer has one (models expect it at position 0).
+    """
+    import torch
+
+    _check_split(split)
+    if block_len < 2 or n_tokens < block_len:
+        raise WorkbenchError(
+            f"Need block_len >= 2 and n_tokens >= block_len, got n_tokens={n_tokens}, block_len={block_len}."
+        )
+    n_blocks = n_tokens // block_len
+    bos = tokenizer.bos_token_id if prepend_bos else None
+    body = block_len - (bos is not None)
+    texts = documents(split, source)
+    order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(seed)).tolist()
+    ids = _token_stream(tokenizer, texts, order, n_blocks * body)
+    if len(ids) < n_blocks * body:
+        raise WorkbenchError(
+            f"The {split!r} text holds {len(ids)} tokens, fewer than the {n_blocks * body} asked: "
+            "ask for fewer tokens, or use split='all' or a larger source."
+        )
+    blocks = torch.tensor(ids[: n_blocks * body], dtype=torch.long).reshape(n_blocks, body)
+    if bos is not None:
+        blocks = torch.cat([torch.full((n_blocks, 1), bos, dtype=torch.long), blocks], dim=1)
+    return blocks
+
+
+def count_tokens(tokenizer, split: str = "all", source: str | Path | None = None) -> int:
+    """How many tokens (without separators) a split holds under ``tokenizer``."""
+    texts = documents(split, source)
+    return len(_token_stream(tokenizer, texts, list(range(len(texts))), float("inf"))) - (
+        len(texts) if tokenizer.eos_token_id is not None else 0
+    )

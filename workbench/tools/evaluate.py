@@ -1,0 +1,212 @@
+"""Measure a quantization setting: perplexity on held-out text and drift of the residual stream.
+
+A ``QuantSetting`` names one configuration (weights, activations, transform, FP8 scaling);
+``apply_setting`` turns it into hooks plus a weight context on the shared model, so the same
+model object serves every setting and every analysis.
+
+How perplexity is reported (causal honesty). ``ppl`` uses every next-token prediction of
+a full-sequence forward pass: the prefill number STaMP reports. Under a sequence transform
+it is *not* causal (position t's quantized input depends on later tokens of its transform
+window). ``ppl_window_end`` uses only the predictions made at the last position of each
+aligned window of ``2**levels`` tokens (positions 7, 15, ... for 3 Haar levels). A Haar
+window never reaches past its end, so at those positions nothing from the future leaks in
+and the number is causal; the float model is scored on the same positions for comparison.
+Settings whose values mix positions across a whole sequence (DCT, WHT) get no causal
+number (NaN). FP8 per-tensor / microscale scales come from the whole sequence, which only
+leaks the sequence's amax; they are flagged ``mixes="scale"``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from workbench.errors import WorkbenchError
+from workbench.tools import quant
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantSetting:
+    """One quantization configuration; ``act`` is ``none`` | ``int`` | ``fp8``."""
+
+    name: str
+    act: str = "none"
+    act_bits: int = 8
+    transform: str = "none"
+    high_precision_tokens: int = 0
+    high_bits: int = 8
+    levels: int = 3
+    rotate: bool = False
+    fp8_format: str = "e4m3"
+    fp8_scaling: str = "microscale"
+    fp8_block: int = 32
+    weight_bits: int | None = None
+    weight_group: int | None = 128
+
+    def mixes(self) -> str:
+        """Which part of a token's quantized input depends on other positions: no | window | sequence | scale."""
+        if self.act == "int" and self.transform != "none":
+            return "window" if self.transform == "haar" else "sequence"
+        if self.act == "fp8" and self.fp8_scaling != "group":
+            return "scale"
+        return "no"
+
+    def average_act_bits(self, n_tokens: int) -> float:
+        """Mean activation bits per value (FP8: 8, plus the per-block exponent when microscaled)."""
+        if self.act == "int":
+            return quant.average_bits(n_tokens, self.act_bits, self.high_bits, self.high_precision_tokens)
+        if self.act == "fp8":
+            return 8 + (8 / self.fp8_block if self.fp8_scaling == "microscale" else 0)
+        return 32.0
+
+
+# Named presets; a study config may list these names or full dicts.
+PRESETS = {
+    s.name: s
+    for s in [
+        QuantSetting("float"),
+        QuantSetting("A8", act="int", act_bits=8),
+        QuantSetting("A4", act="int", act_bits=4),
+        QuantSetting("A4-mp", act="int", act_bits=4, high_precision_tokens=64),
+        QuantSetting("A4+STaMP", act="int", act_bits=4, transform="haar", high_precision_tokens=64),
+        QuantSetting("A4+STaMP-dct", act="int", act_bits=4, transform="dct", high_precision_tokens=64),
+        QuantSetting("A4+STaMP-wht", act="int", act_bits=4, transform="wht", high_precision_tokens=64),
+        QuantSetting("A4+rot", act="int", act_bits=4, rotate=True),
+        QuantSetting("A4+rot+STaMP", act="int", act_bits=4, rotate=True, transform="haar", high_precision_tokens=64),
+        QuantSetting("W4A8", act="int", act_bits=8, weight_bits=4),
+        QuantSetting("W4A4+rot+STaMP", act="int", act_bits=4, rotate=True, transform="haar",
+                     high_precision_tokens=64, weight_bits=4),
+        QuantSetting("FP8-e4m3-tensor", act="fp8", fp8_scaling="tensor"),
+        QuantSetting("FP8-e4m3-group", act="fp8", fp8_scaling="group"),
+        QuantSetting("FP8-e4m3-mx", act="fp8", fp8_scaling="microscale"),
+        QuantSetting("FP8-e5m2-tensor", act="fp8", fp8_format="e5m2", fp8_scaling="tensor"),
+        QuantSetting("FP8-e5m2-mx", act="fp8", fp8_format="e5m2", fp8_scaling="microscale"),
+    ]
+}
+
+
+def resolve_setting(spec: str | dict | QuantSetting) -> QuantSetting:
+    """A preset name, a dict of ``QuantSetting`` fields, or a setting itself."""
+    if isinstance(spec, QuantSetting):
+        return spec
+    if isinstance(spec, str):
+        if spec not in PRESETS:
+            raise WorkbenchError(f"Unknown quantization setting {spec!r}: choose from {', '.join(PRESETS)}.")
+        return PRESETS[spec]
+    fields = {f.name for f in dataclasses.fields(QuantSetting)}
+    unknown = set(spec) - fields
+    if unknown or "name" not in spec:
+        raise WorkbenchError(f"Bad setting {spec}: needs 'name' and only fields from {', '.join(sorted(fields))}.")
+    return QuantSetting(**spec)
+
+
+def setting_hooks(model, setting: QuantSetting) -> list[quant.Hook]:
+    """The activation hooks of a setting (none for float activations)."""
+    if setting.act == "int":
+        return quant.stamp_hooks(model, setting.act_bits, setting.transform, setting.high_precision_tokens,
+                                 setting.high_bits, setting.levels, setting.rotate)
+    if setting.act == "fp8":
+        return quant.fp8_hooks(model, setting.fp8_format, setting.fp8_scaling, setting.fp8_block)
+    if setting.act != "none":
+        raise WorkbenchError(f"Unknown activation mode {setting.act!r}: use 'none', 'int' or 'fp8'.")
+    return []
+
+
+@contextlib.contextmanager
+def apply_setting(model, setting: str | dict | QuantSetting) -> Iterator[QuantSetting]:
+    """Run the model quantized as ``setting`` inside the block; hooks and weights are restored after."""
+    setting = resolve_setting(setting)
+    hooks = setting_hooks(model, setting)
+    with contextlib.ExitStack() as stack:
+        if setting.weight_bits is not None:
+            stack.enter_context(quant.quantized_weights(model, setting.weight_bits, setting.weight_group))
+        stack.enter_context(model.hooks(fwd_hooks=hooks))
+        yield setting
+
+
+def token_nll(model, token_blocks: torch.Tensor, hooks: Sequence[quant.Hook] = (), batch_size: int = 2,
+              progress: bool = True, desc: str = "nll") -> torch.Tensor:
+    """Next-token negative log-likelihood at every position, ``[n_blocks, block_len - 1]``."""
+    from tqdm.auto import tqdm
+
+    if token_blocks.ndim != 2 or token_blocks.shape[1] < 2:
+        raise WorkbenchError("token_blocks must be a [n_blocks, block_len >= 2] tensor of token ids.")
+    device = next(model.parameters()).device
+    out = []
+    with model.hooks(fwd_hooks=list(hooks)), torch.inference_mode():
+        for start in tqdm(range(0, len(token_blocks), batch_size), desc=desc, disable=not progress, leave=False):
+            batch = token_blocks[start : start + batch_size].to(device)
+            logits = model(batch, return_type="logits")[:, :-1].float()
+            nll = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1), reduction="none"
+            )
+            out.append(nll.reshape(batch.shape[0], -1).cpu())
+    return torch.cat(out)
+
+
+def perplexity(model, token_blocks: torch.Tensor, hooks: Sequence[quant.Hook] = (), batch_size: int = 2,
+               progress: bool = True) -> float:
+    """exp(mean next-token NLL) over all positions of the blocks (full-sequence prefill)."""
+    return math.exp(token_nll(model, token_blocks, hooks, batch_size, progress).mean().item())
+
+
+def window_end_positions(block_len: int, levels: int = 3) -> torch.Tensor:
+    """Prediction positions that end an aligned window of ``2**levels`` tokens (causal under Haar)."""
+    pos = torch.arange(block_len - 1)
+    return pos[(pos + 1) % (2**levels) == 0]
+
+
+def resid_drift(model, tokens: torch.Tensor, setting: str | dict | QuantSetting) -> list[float]:
+    """Relative L2 error of ``blocks.{L}.hook_resid_post`` under ``setting`` vs float, per layer."""
+    names = [f"blocks.{L}.hook_resid_post" for L in range(model.cfg.n_layers)]
+    with torch.inference_mode():
+        _, ref = model.run_with_cache(tokens, names_filter=lambda n: n in names, return_type=None)
+        with apply_setting(model, setting):
+            _, got = model.run_with_cache(tokens, names_filter=lambda n: n in names, return_type=None)
+    return [((got[n] - ref[n]).norm() / ref[n].norm()).item() for n in names]
+
+
+def compare_settings(model, token_blocks: torch.Tensor, settings: Sequence[str | dict | QuantSetting],
+                     batch_size: int = 2, drift_blocks: int = 2, progress: bool = True) -> list[dict]:
+    """One row per setting: perplexities (prefill and window-end), bits, causality flag, drift, time.
+
+    The float model is always evaluated first (as ``float``) and gives the reference columns.
+    """
+    resolved = [resolve_setting(s) for s in settings]
+    for s in resolved:  # validate everything before the long loop starts
+        setting_hooks(model, s)
+    levels = next((s.levels for s in resolved if s.transform == "haar"), 3)
+    ends = window_end_positions(token_blocks.shape[1], levels)
+    ordered = [PRESETS["float"]] + [s for s in resolved if s.name != "float"]
+    rows, ref = [], None
+    for s in ordered:
+        t0 = time.perf_counter()
+        with apply_setting(model, s):
+            nll = token_nll(model, token_blocks, batch_size=batch_size, progress=progress, desc=s.name)
+        seconds = time.perf_counter() - t0
+        drift = resid_drift(model, token_blocks[:drift_blocks], s) if s.name != "float" else []
+        ppl = math.exp(nll.mean().item())
+        ppl_end = math.exp(nll[:, ends].mean().item()) if s.mixes() != "sequence" else float("nan")
+        if ref is None:
+            ref = {"ppl": ppl, "ppl_end": ppl_end}
+        rows.append({
+            "setting": s.name,
+            "weight_bits": s.weight_bits or 32,
+            "act_bits": round(s.average_act_bits(token_blocks.shape[1]), 3),
+            "mixes": s.mixes(),
+            "ppl": ppl,
+            "ppl_window_end": ppl_end,
+            "float_ppl_window_end": ref["ppl_end"],
+            "delta_ppl": ppl - ref["ppl"],
+            "drift_mean": sum(drift) / len(drift) if drift else 0.0,
+            "drift_last": drift[-1] if drift else 0.0,
+            "drift_per_layer": drift,
+            "seconds": seconds,
+            "n_tokens": int(token_blocks.numel()),
+        })
+    return rows
