@@ -166,3 +166,16 @@ def test_cosine_metric_and_distance_matrix_input():
         assert gudhi.bottleneck_distance(da, db) < 1e-6
     with pytest.raises(WorkbenchError, match="symmetric"):
         rips_persistence(D + np.triu(np.ones_like(D)), distance_matrix=True)
+
+
+def test_large_cloud_with_threshold_uses_sparse_edges(monkeypatch):
+    import workbench.topology.persistence as P
+
+    X = circle(400, noise=0.02, seed=9)
+    dense = rips_persistence(X, thresh=0.6)
+    monkeypatch.setattr(P, "DENSE_H0_MAX", 100)
+    sparse = rips_persistence(X, thresh=0.6)
+    assert sparse.backend.endswith("-sparse")
+    for a, b in zip(dense.dgms, sparse.dgms, strict=True):
+        assert a.shape == b.shape
+        assert gudhi.bottleneck_distance(a, b) < 1e-5

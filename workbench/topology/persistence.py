@@ -242,16 +242,36 @@ def rips_persistence(
         P = P[idx]
     n = len(D) if distance_matrix else len(P)
     check_rips_size(n, maxdim, thresh, max_points)
-    if not distance_matrix:
-        if maxdim == 0 and n > DENSE_H0_MAX:  # H0 alone: no n x n matrix needed
-            dgm0 = _diagram_from_deaths(mst_weights_blocked(P, metric=metric), thresh)
+    if not distance_matrix and n > DENSE_H0_MAX:  # never the n x n matrix
+        dgm0 = _diagram_from_deaths(mst_weights_blocked(P, metric=metric), thresh)
+        if maxdim == 0:
             return PersistenceResult([dgm0], metric, n_points, thresh, idx, radius, "mst-blocked")
+        # check_rips_size let a large cloud through only with a finite threshold: sparse edges.
+        D = _sparse_distances(P, thresh, metric)
+        dgms, used = _ripser_family(D, maxdim, thresh, n_threads, backend)
+        return PersistenceResult([dgm0, *dgms[1:]], metric, n_points, thresh, idx, radius, used + "-sparse")
+    if not distance_matrix:
         D = pairwise_distances(P, metric=metric)
     dgm0 = _diagram_from_deaths(mst_weights_dense(D), thresh)
     if maxdim == 0:
         return PersistenceResult([dgm0], metric, n_points, thresh, idx, radius, "mst")
     dgms, used = _ripser_family(D, maxdim, thresh, n_threads, backend)
     return PersistenceResult([dgm0, *dgms[1:]], metric, n_points, thresh, idx, radius, used)
+
+
+def _sparse_distances(P: np.ndarray, thresh: float, metric: str):
+    """Upper-triangular sparse matrix of the edges no longer than ``thresh`` (absent = infinite)."""
+    from scipy.sparse import coo_matrix
+
+    from kernels import radius_edges
+
+    i, j, d = radius_edges(P, thresh, metric=metric)
+    log.info("sparse Rips: %d edges below thresh=%g among %d points", d.size, thresh, len(P))
+    # an explicit zero diagonal keeps every vertex in the complex
+    diag = np.arange(len(P))
+    rows, cols = np.concatenate([i, diag]), np.concatenate([j, diag])
+    vals = np.concatenate([d.astype(np.float64), np.zeros(len(P))])
+    return coo_matrix((vals, (rows, cols)), shape=(len(P), len(P)))
 
 
 def _as_distance_matrix(D) -> np.ndarray:

@@ -71,8 +71,19 @@ def as_points(points, name: str = "points") -> np.ndarray:
 
 
 def check_rips_size(n: int, maxdim: int, thresh: float, max_points: int | None = None) -> None:
-    """Refuse a full Rips complex that would not fit, proposing landmarks or a threshold."""
-    if maxdim < 1 or math.isfinite(thresh):
+    """Refuse a full Rips complex that would not fit, proposing landmarks or a threshold.
+
+    With a threshold the complex may be small, but simplex indices (binomial coefficients
+    in 64-bit integers inside ripser/giotto-ph) must still not overflow.
+    """
+    if maxdim < 1:
+        return
+    if math.comb(n, maxdim + 2) >= 2**62:
+        raise WorkbenchError(
+            f"{n} points overflow the simplex indices of ripser/giotto-ph for H{maxdim}: pass landmarks "
+            f"(e.g. landmarks=2000, Hausdorff error bound reported) or lower maxdim"
+        )
+    if math.isfinite(thresh):
         return
     limit = max_points if max_points is not None else MAX_FULL_RIPS_POINTS.get(maxdim, 100)
     if n <= limit:
