@@ -42,7 +42,7 @@ def test_non_finite_rows_are_named():
 
 def test_duplicates_are_logged_and_change_nothing(caplog):
     X = np.random.default_rng(1).standard_normal((40, 2))
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.INFO):
         dup = rips_persistence(np.vstack([X, X[:7]]))
     assert "7 duplicate rows" in caplog.text
     ref = rips_persistence(X)

@@ -24,7 +24,7 @@ MAX_FULL_RIPS_POINTS = {1: 6000, 2: 800, 3: 150}
 def as_points(points, name: str = "points") -> np.ndarray:
     """A finite, 2-D float array of at least 3 distinct points, or a WorkbenchError saying why not.
 
-    Duplicate rows are allowed (they only add zero-length bars, which are dropped) but logged.
+    Duplicate rows are allowed (they only add zero-length bars, which are dropped) and logged at INFO.
     """
     try:
         if hasattr(points, "detach"):  # torch tensor, without importing torch
@@ -64,7 +64,7 @@ def as_points(points, name: str = "points") -> np.ndarray:
             f"{name} has only {n_unique} distinct points; persistent homology needs at least 3"
         )
     if n_unique < n:
-        log.warning(
+        log.info(
             "%s: %d duplicate rows; they only add zero-length bars, which are dropped", name, n - n_unique
         )
     return X

@@ -1,0 +1,77 @@
+"""Neuron-level flow: shapes, known values, and the permutation control."""
+
+import numpy as np
+import pytest
+
+from workbench.errors import WorkbenchError
+from workbench.topology.neuron_flow import neuron_cloud, neuron_flow, total_h1_persistence
+
+
+def _layers(n_samples, n_layers, width, coupled, seed):
+    """Layer l+1 = layer l + small noise when coupled, an independent draw otherwise (same marginals)."""
+    rng = np.random.default_rng(seed)
+    acts = np.empty((n_samples, n_layers, width))
+    acts[:, 0] = rng.standard_normal((n_samples, width))
+    for layer in range(1, n_layers):
+        if coupled:
+            prev = acts[:, layer - 1]
+            acts[:, layer] = (prev + 0.05 * rng.standard_normal(prev.shape)) / np.sqrt(1 + 0.05**2)
+        else:
+            acts[:, layer] = rng.standard_normal((n_samples, width))
+    return acts
+
+
+def test_circle_cloud_total_h1_is_its_one_loop():
+    t = np.linspace(0, 2 * np.pi, 200, endpoint=False)
+    cloud = neuron_cloud(np.cos(t), np.sin(t))
+    assert cloud.shape == (200, 2)
+    alpha = total_h1_persistence(cloud, "alpha")
+    rips = total_h1_persistence(cloud, "rips")
+    assert alpha == pytest.approx(2.0 - 2 * np.sin(np.pi / 200), abs=0.02)  # diameter scale
+    assert rips == pytest.approx(np.sqrt(3), abs=0.05)  # the Rips loop dies at the inscribed triangle
+    assert total_h1_persistence(np.zeros((10, 2))) == 0.0
+
+
+def test_result_shapes_and_skipped_gaps():
+    acts = _layers(3, 5, 60, True, 0)
+    res = neuron_flow(acts, gaps=(1, 3, 10))
+    assert res.gaps == (1, 3)
+    assert res.totals[1].shape == (4, 3) and res.totals[3].shape == (2, 3)
+    assert res.pairs[3] == [(0, 3), (1, 4)]
+    assert res.curve(1).shape == (4,)
+    by_name = neuron_flow({f"blocks.{i}": acts[:, i] for i in range(5)}, gaps=(2,))
+    assert by_name.pairs[2][0] == ("blocks.0", "blocks.2")
+    np.testing.assert_allclose(by_name.totals[2], neuron_flow(acts, gaps=(2,)).totals[2])
+
+
+def test_permutation_destroys_the_flow_signal():
+    coupled = _layers(4, 4, 300, True, 1)
+    independent = _layers(4, 4, 300, False, 2)
+    a, b = neuron_flow(coupled, gaps=(1,)), neuron_flow(independent, gaps=(1,))
+    assert a.mean(1) < 0.5 * b.mean(1)  # a thin diagonal band has little H1; a blob has a lot
+    pa = neuron_flow(coupled, gaps=(1,), permute=True, seed=3)
+    pb = neuron_flow(independent, gaps=(1,), permute=True, seed=4)
+    assert pa.permuted and pa.mean(1) == pytest.approx(pb.mean(1), rel=0.25)
+
+
+def test_normalize_makes_scale_irrelevant():
+    acts = _layers(2, 3, 80, False, 5)
+    scaled = acts * np.array([1.0, 10.0, 100.0])[None, :, None]
+    a = neuron_flow(acts, gaps=(1,), normalize=True).totals[1]
+    b = neuron_flow(scaled, gaps=(1,), normalize=True).totals[1]
+    np.testing.assert_allclose(a, b, rtol=1e-8)
+
+
+def test_bad_activations():
+    with pytest.raises(WorkbenchError, match="n_samples, n_layers"):
+        neuron_flow(np.zeros((3, 4)))
+    acts = _layers(3, 3, 20, True, 6)
+    acts[1, 2, 5] = np.nan
+    with pytest.raises(WorkbenchError, match=r"samples \[1\]"):
+        neuron_flow(acts)
+    with pytest.raises(WorkbenchError, match="widths"):
+        neuron_cloud(np.zeros(4), np.zeros(5))
+    with pytest.raises(WorkbenchError, match="gaps"):
+        neuron_flow(_layers(2, 3, 20, True, 7), gaps=(0,))
+    with pytest.raises(WorkbenchError, match="method"):
+        neuron_flow(_layers(2, 3, 20, True, 7), method="cech")

@@ -1,0 +1,140 @@
+"""Neuron-level information flow: topology of (layer l, layer l') activation pairs.
+
+For one input and two layers of equal width D, neuron i is the 2-D point
+``(v_i^l, v_i^l')``; the cloud of D such points carries how the representation at l is
+carried to l'. Its total H1 persistence, per sample and averaged per condition, as a
+curve over layer pairs at fixed gaps (1, 3, 10), is the reference study's flow signal.
+The control: shuffling neuron indices of l' within each sample keeps both marginals and
+destroys the pairing, so a difference that survives the shuffle is not flow.
+
+The Alpha complex (gudhi) is the default: exact for 2-D clouds and ~100x faster than
+Rips on thousands of points; ``method="rips"`` gives the Vietoris-Rips value instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from workbench.errors import WorkbenchError
+
+log = logging.getLogger(__name__)
+
+
+def neuron_cloud(v_l, v_lp) -> np.ndarray:
+    """The (D, 2) cloud of neuron-wise pairs from two activation vectors of one input."""
+    a, b = np.asarray(v_l, dtype=np.float64).ravel(), np.asarray(v_lp, dtype=np.float64).ravel()
+    if a.shape != b.shape:
+        raise WorkbenchError(
+            f"layers have different widths ({a.size} vs {b.size}); neuron pairs need equal widths"
+        )
+    return np.stack([a, b], axis=1)
+
+
+def total_h1_persistence(cloud: np.ndarray, method: str = "alpha") -> float:
+    """Sum of finite H1 lifetimes of a 2-D cloud; 0 for a cloud with fewer than 3 distinct points."""
+    from workbench.topology.persistence import alpha_persistence, rips_persistence
+
+    if len(np.unique(cloud, axis=0)) < 3:
+        return 0.0
+    if method == "alpha":
+        dgm = alpha_persistence(cloud, maxdim=1).dgms[1]
+    elif method == "rips":
+        dgm = rips_persistence(cloud, maxdim=1, n_threads=1).dgms[1]
+    else:
+        raise WorkbenchError(f"unknown method {method!r}; use 'alpha' or 'rips'")
+    finite = dgm[np.isfinite(dgm[:, 1])]
+    return float((finite[:, 1] - finite[:, 0]).sum())
+
+
+@dataclass
+class FlowResult:
+    """Total H1 persistence per layer pair and sample.
+
+    ``totals[gap]`` has shape (n_pairs, n_samples); its rows follow ``pairs[gap]``, the
+    (l, l + gap) pairs in order of l. ``layers`` are the layer labels the array axis had.
+    """
+
+    layers: list
+    gaps: tuple[int, ...]
+    pairs: dict[int, list[tuple]]
+    totals: dict[int, np.ndarray]
+    method: str
+    permuted: bool
+
+    def curve(self, gap: int) -> np.ndarray:
+        """Mean over samples per layer pair: the curve over depth at this gap."""
+        return self.totals[gap].mean(axis=1)
+
+    def mean(self, gap: int) -> float:
+        """Average over pairs and samples at this gap."""
+        return float(self.totals[gap].mean())
+
+
+def _stack(acts) -> tuple[np.ndarray, list]:
+    """(n_samples, n_layers, D) array and layer labels from an array or a {layer: (n_samples, D)} mapping."""
+    if isinstance(acts, Mapping):
+        layers = list(acts)
+        arr = np.stack([np.asarray(acts[k], dtype=np.float64) for k in layers], axis=1)
+    else:
+        arr = np.asarray(acts, dtype=np.float64)
+        layers = list(range(arr.shape[1])) if arr.ndim == 3 else []
+    if arr.ndim != 3:
+        raise WorkbenchError(
+            f"activations must be (n_samples, n_layers, width) or {{layer: (n_samples, width)}}; got shape {arr.shape}"
+        )
+    bad = np.flatnonzero(~np.isfinite(arr).all(axis=(1, 2)))
+    if bad.size:
+        raise WorkbenchError(
+            f"activations of samples {bad[:10].tolist()} have NaN/inf values; drop those samples"
+        )
+    if arr.shape[2] < 3:
+        raise WorkbenchError(
+            f"layer width {arr.shape[2]} gives fewer than 3 neuron points; nothing to measure"
+        )
+    return arr, layers
+
+
+def neuron_flow(
+    acts,
+    gaps: Iterable[int] = (1, 3, 10),
+    method: str = "alpha",
+    permute: bool = False,
+    normalize: bool = False,
+    seed: int = 0,
+) -> FlowResult:
+    """Total H1 persistence of neuron-pair clouds for every layer pair at each gap, per sample.
+
+    ``acts``: (n_samples, n_layers, width) array, or a mapping layer -> (n_samples, width)
+    (ordered by depth). ``permute=True`` is the control (neuron indices of the later layer
+    shuffled per sample). ``normalize=True`` z-scores each layer vector per sample, so that
+    layers whose scale grows with depth stay comparable. Gaps beyond the depth are skipped.
+    """
+    arr, layers = _stack(acts)
+    n_samples, n_layers, _ = arr.shape
+    if normalize:
+        mu = arr.mean(axis=2, keepdims=True)
+        sd = arr.std(axis=2, keepdims=True)
+        arr = (arr - mu) / np.where(sd > 0, sd, 1.0)
+    rng = np.random.default_rng(seed)
+    gaps = tuple(int(g) for g in gaps)
+    if any(g < 1 for g in gaps):
+        raise WorkbenchError(f"layer gaps must be >= 1; got {gaps}")
+    kept = tuple(g for g in gaps if g < n_layers)
+    if len(kept) < len(gaps):
+        log.info("skipping gaps %s: only %d layers", sorted(set(gaps) - set(kept)), n_layers)
+    pairs, totals = {}, {}
+    for g in kept:
+        pairs[g] = [(layers[k], layers[k + g]) for k in range(n_layers - g)]
+        out = np.zeros((n_layers - g, n_samples))
+        for k in range(n_layers - g):
+            for s in range(n_samples):
+                later = arr[s, k + g]
+                if permute:
+                    later = later[rng.permutation(later.size)]
+                out[k, s] = total_h1_persistence(neuron_cloud(arr[s, k], later), method)
+        totals[g] = out
+    return FlowResult(layers, kept, pairs, totals, method, permute)
