@@ -71,4 +71,4 @@ def tiny_model(seed: int = 0, device: str = "cpu", dtype=None, **config):
 
     cfg = tiny_config(seed=seed, dtype=dtype, **config)
     model = HookedTransformer(cfg, tokenizer=byte_tokenizer(), move_to_device=False)
-    return model.to(device).eval()
+    return model.to(device, print_details=False).eval()

@@ -1,0 +1,50 @@
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from workbench.cli import app
+
+runner = CliRunner()
+COMMANDS = ["models", "sites", "capture", "probe"]
+
+
+def test_help_is_fast_and_light():
+    """`workbench --help` must not import torch or transformer_lens."""
+    code = "import sys; from workbench.cli import app; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help(command):
+    result = runner.invoke(app, [command, "--help"])
+    assert result.exit_code == 0 and "Usage" in result.output
+
+
+def test_models_lists_registry():
+    result = runner.invoke(app, ["models"])
+    assert result.exit_code == 0
+    for name in ["smollm2-135m", "gemma3-270m", "tiny", "llama-8b", "meta-llama/Llama-3.1-8B-Instruct"]:
+        assert name in result.output
+
+
+def test_capture_command_on_tiny(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"text": f"prompt {i}", "label": i % 2}) for i in range(5)))
+    result = runner.invoke(app, ["capture", "--model", "tiny", "--prompts", str(prompts), "--layers", "0,3",
+                                 "--sites", "blocks.1.hook_mlp_out", "--out", str(tmp_path / "s")])
+    assert result.exit_code == 0, result.output
+    assert "5/5 rows" in result.output and "blocks.3.hook_resid_post" in result.output
+    manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())
+    assert manifest["sites"] == ["blocks.1.hook_mlp_out", "blocks.0.hook_resid_post", "blocks.3.hook_resid_post"]
+
+
+def test_user_errors_are_one_line_with_exit_code_2(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "workbench.cli", "capture", "--model", "nonsense",
+                           "--prompts", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "s")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("error: prompt file") and proc.stderr.strip().count("\n") == 0
+    assert "Traceback" not in proc.stderr

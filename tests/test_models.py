@@ -1,0 +1,147 @@
+import pytest
+import torch
+
+from workbench.errors import WorkbenchError
+from workbench.models import REGISTRY, format_chat, load_model, resolve
+from workbench.models.registry import embedded_gguf
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):\n    return", "Once upon a time, a small robot"]
+
+
+def test_registry_names_and_aliases():
+    for name in ["smollm2-135m", "gemma3-270m", "tiny", "llama-8b", "llama-70b", "gemma2-9b", "gpt2", "pythia-70m"]:
+        assert name in REGISTRY
+    assert resolve("default").name == "smollm2-135m"
+    assert resolve(None).name == "smollm2-135m"
+    assert resolve("llama-8b").hf_id == "meta-llama/Llama-3.1-8B-Instruct"
+    spec = resolve("someorg/some-model")
+    assert spec.source == "hf" and spec.hf_id == "someorg/some-model"
+
+
+def test_unknown_model_is_one_clear_line():
+    with pytest.raises(WorkbenchError, match="unknown model 'nonsense'.*smollm2-135m") as err:
+        resolve("nonsense")
+    assert "\n" not in str(err.value)
+
+
+def test_bad_model_path(tmp_path):
+    with pytest.raises(WorkbenchError, match="does not exist"):
+        resolve("x", model_path=tmp_path / "missing")
+    with pytest.raises(WorkbenchError, match="no config.json"):
+        resolve("x", model_path=tmp_path)
+
+
+def test_missing_weights_offline_is_one_line(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(WorkbenchError) as err:
+        load_model("llama-8b", device="cpu")
+    message = str(err.value)
+    assert "meta-llama/Llama-3.1-8B-Instruct" in message and "--model-path" in message and "hf download" in message
+    assert "\n" not in message
+
+
+def test_tiny_is_deterministic_by_seed():
+    a, b, c = (load_model("tiny", seed=s, device="cpu") for s in (0, 0, 1))
+    tokens = a.to_tokens("hello")
+    assert torch.equal(a(tokens), b(tokens))
+    assert not torch.allclose(a(tokens), c(tokens))
+    assert a.workbench["weights_sha256"] == b.workbench["weights_sha256"] != c.workbench["weights_sha256"]
+
+
+def test_format_chat(tiny):
+    text = format_chat(tiny, "hi there", system="be brief")
+    assert "hi there" in text and "be brief" in text and text.endswith("<|assistant|>")
+
+
+def test_format_chat_without_template_fails_clearly(tiny):
+    template = tiny.tokenizer.chat_template
+    tiny.tokenizer.chat_template = None
+    try:
+        with pytest.raises(WorkbenchError, match="no chat template"):
+            format_chat(tiny, "hi")
+    finally:
+        tiny.tokenizer.chat_template = template
+
+
+def test_local_hf_folder_matches_transformers(tmp_path):
+    """A local HF folder (named with 'llama' in its path, which trips TransformerLens's name rules) loads."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from workbench.models.tiny import byte_tokenizer
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=259, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    hf = LlamaForCausalLM(config).eval()
+    folder = tmp_path / "my-llama-local"
+    hf.save_pretrained(folder)
+    byte_tokenizer().save_pretrained(folder)
+    model = load_model(str(folder), device="cpu")
+    tokens = torch.tensor([[256, 72, 101, 108, 108, 111, 32, 119]])
+    with torch.no_grad():
+        assert torch.allclose(model(tokens), hf(tokens).logits, atol=1e-4)
+    assert model.workbench["source"] == "local"
+
+
+def _hf_logits_from_gguf(spec_name, prompts, prepend_bos):
+    """Reference logits from transformers on the same GGUF, cached per (file, transformers version, prompts).
+
+    Dequantizing Gemma's GGUF through transformers takes over a minute on 2 cores; the reference only
+    changes when the file, the prompts or transformers change, and all three are in the cache key.
+    """
+    import hashlib
+    import json
+
+    import transformers
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from workbench.models.loading import file_sha256
+    from workbench.paths import cache_dir
+
+    gguf = embedded_gguf(resolve(spec_name))
+    key = hashlib.sha256(json.dumps([file_sha256(gguf), transformers.__version__, prompts, prepend_bos]).encode())
+    cached = cache_dir("test-reference") / f"{spec_name}-{key.hexdigest()[:16]}.safetensors"
+    if cached.exists():
+        saved = load_file(str(cached))
+        return [(saved[f"ids{i}"], saved[f"logits{i}"]) for i in range(len(prompts))]
+    hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    out = []
+    for prompt in prompts:
+        ids = tok(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        if prepend_bos:
+            ids = torch.cat([torch.tensor([[tok.bos_token_id]]), ids], dim=1)
+        with torch.no_grad():
+            out.append((ids, hf(ids).logits))
+    save_file({**{f"ids{i}": ids for i, (ids, _) in enumerate(out)},
+               **{f"logits{i}": lg.contiguous() for i, (_, lg) in enumerate(out)}}, str(cached))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
+def test_embedded_logits_match_transformers(name, request):
+    model = request.getfixturevalue(name.split("-")[0])
+    assert model.workbench["source"] == "embedded" and len(model.workbench["weights_sha256"]) == 64
+    for ids, hf_logits in _hf_logits_from_gguf(name, PROMPTS, model.cfg.default_prepend_bos):
+        with torch.no_grad():
+            ours = model(ids)
+        assert (ours - hf_logits).abs().max().item() < 1e-3
+
+
+@pytest.mark.slow
+def test_second_load_comes_from_the_cache(smollm2):
+    again = load_model("smollm2-135m", device="cpu")
+    assert again.workbench["cached"] is True
+    assert again.workbench["weights_sha256"] == smollm2.workbench["weights_sha256"]
+    tokens = torch.tensor([[504, 3575, 282, 4649, 314]])
+    with torch.no_grad():
+        assert torch.equal(again(tokens), smollm2(tokens))
+
+
+@pytest.mark.slow
+def test_smollm2_answers_through_its_chat_template(smollm2):
+    prompt = format_chat(smollm2, "What is the capital of France?")
+    answer = smollm2.generate(prompt, max_new_tokens=10, do_sample=False, verbose=False, prepend_bos=False)
+    assert "Paris" in answer[len(prompt) - 40 :]

@@ -1,0 +1,189 @@
+"""The ``workbench`` command line. Heavy imports happen inside commands so ``--help`` is instant."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from workbench.errors import WorkbenchError
+
+app = typer.Typer(
+    help="Interpretability workbench: capture activations, persistent homology, SAEs, model tools.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="registry name, HF id, local folder or .gguf")]
+ModelPathOpt = Annotated[
+    Path | None, typer.Option("--model-path", help="local weights (HF folder or .gguf) for --model")
+]
+DeviceOpt = Annotated[str, typer.Option(help="auto (CUDA when present), cpu, cuda, cuda:1, mps")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="model dtype: float32, bfloat16, float16")]
+
+_state = {"debug": False}
+
+
+@app.callback()
+def _root(
+    debug: Annotated[bool, typer.Option("--debug", help="show tracebacks instead of one-line errors")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="log what happens")] = False,
+):
+    _state["debug"] = debug
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+
+def _load(model: str, model_path: Path | None, device: str, dtype: str, trust_remote_code: bool = False):
+    from workbench.models import load_model
+
+    return load_model(model, model_path=model_path, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+
+
+def _split(text: str | None) -> list[str]:
+    return [part.strip() for part in (text or "").split(",") if part.strip()]
+
+
+def _layers(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(x) for x in _split(text)]
+    except ValueError:
+        raise WorkbenchError(f"--layers {text!r} must be comma-separated integers, e.g. 0,5,10") from None
+
+
+@app.command()
+def models():
+    """List the model registry (embedded models load offline; others need their weights)."""
+    from workbench.models.registry import DEFAULT_MODEL, REGISTRY
+
+    for spec in REGISTRY.values():
+        default = " (default)" if spec.name == DEFAULT_MODEL else ""
+        target = f" -> {spec.hf_id}" if spec.source == "hf" else ""
+        aliases = f" [aliases: {', '.join(spec.aliases)}]" if spec.aliases else ""
+        typer.echo(f"{spec.name:<14} {spec.source:<9}{target} {spec.description}{default}{aliases}")
+    typer.echo("Any Hugging Face id (org/name), local HF folder or .gguf file also works.")
+
+
+@app.command()
+def sites(
+    model: ModelOpt = "smollm2-135m",
+    model_path: ModelPathOpt = None,
+    contains: Annotated[str, typer.Option(help="only names containing this text")] = "",
+    device: DeviceOpt = "cpu",
+):
+    """List a model's hook sites (TransformerLens names such as blocks.3.hook_resid_post)."""
+    hooked = _load(model, model_path, device, "float32")
+    for name in hooked.hook_dict:
+        if contains in name:
+            typer.echo(name)
+
+
+@app.command()
+def capture(
+    prompts: Annotated[Path, typer.Option(help="JSONL file: one object per line with 'text' (+ any metadata)")],
+    out: Annotated[Path, typer.Option(help="store folder (resumes if it holds this same capture)")],
+    model: ModelOpt = "smollm2-135m",
+    model_path: ModelPathOpt = None,
+    sites: Annotated[str | None, typer.Option(help="comma-separated hook names")] = None,
+    layers: Annotated[str | None, typer.Option(help="shortcut: blocks.{L}.hook_resid_post for these layers")] = None,
+    positions: Annotated[str, typer.Option(help="last | mean | span | all")] = "last",
+    batch_size: int = 8,
+    max_tokens: Annotated[int | None, typer.Option(help="left-truncate longer prompts (recorded)")] = None,
+    store_dtype: Annotated[str, typer.Option(help="float32 | float16 | bfloat16")] = "float32",
+    chat: Annotated[bool, typer.Option("--chat/--raw", help="wrap texts in the model's chat template")] = False,
+    overwrite: bool = False,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "float32",
+):
+    """Capture activations at named sites into an ActivationStore (safetensors shards + manifest)."""
+    from workbench.capture import capture as run_capture
+    from workbench.capture import read_prompt_file, resid_sites
+
+    records = read_prompt_file(prompts)
+    hooked = _load(model, model_path, device, dtype)
+    names = _split(sites) + (resid_sites(hooked, _layers(layers)) if layers else [])
+    if chat:
+        records = [_chat_record(hooked, r) for r in records]
+    store = run_capture(hooked, records, names, out, positions=positions, batch_size=batch_size,
+                        max_tokens=max_tokens, dtype=store_dtype, overwrite=overwrite)
+    _print_store(store)
+
+
+def _chat_record(model, record: dict) -> dict:
+    """Wrap a record's text in the chat template, moving its character span along with it."""
+    from workbench.models import format_chat
+
+    text = format_chat(model, record["text"])
+    shifted = dict(record, text=text, raw_text=record["text"])
+    if "span" in record:
+        at = text.find(record["text"])
+        shifted["span"] = [record["span"][0] + at, record["span"][1] + at]
+    return shifted
+
+
+def _print_store(store) -> None:
+    m = store.manifest
+    typer.echo(f"store {store.path}: model {m['model']}, {store.n_rows}/{m['n_prompts']} rows, "
+               f"positions {m['positions']}, {len(m['shards'])} shard(s)")
+    for site in store.sites:
+        values = store.get(site)
+        norms = values.float().norm(dim=-1) if values.ndim == 2 else values.float().flatten(1).norm(dim=-1)
+        typer.echo(f"  {site:<32} shape {tuple(values.shape)}  mean L2 norm {norms.mean():.3f}")
+    if m.get("truncated_rows"):
+        typer.echo(f"  {len(m['truncated_rows'])} prompt(s) were left-truncated to {m['max_tokens']} tokens")
+
+
+@app.command()
+def probe(
+    model: ModelOpt = "smollm2-135m",
+    model_path: ModelPathOpt = None,
+    layers: Annotated[str | None, typer.Option(help="comma-separated layers (default: all)")] = None,
+    out: Annotated[Path | None, typer.Option(help="output folder (default: the user cache)")] = None,
+    batch_size: int = 8,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "float32",
+):
+    """Capture last-token activations of clean vs injected demo prompts at every layer, and summarize them."""
+    from workbench.capture import capture as run_capture
+    from workbench.capture import resid_sites
+    from workbench.models import has_chat_template
+    from workbench.paths import cache_dir
+    from workbench.probe import demo_prompts, separation_by_layer
+
+    hooked = _load(model, model_path, device, dtype)
+    records = demo_prompts()
+    if has_chat_template(hooked):
+        records = [_chat_record(hooked, r) for r in records]
+    names = resid_sites(hooked, _layers(layers))
+    out = out or cache_dir("runs", f"probe-{hooked.workbench['name']}")
+    store = run_capture(hooked, records, names, out, positions="last", batch_size=batch_size)
+    _print_store(store)
+    table = separation_by_layer(store)
+    typer.echo("layer  clean-vs-injected centroid distance / mean within-class spread")
+    for row in table:
+        typer.echo(f"{row['layer']:>5}  {row['ratio']:.3f}")
+    (Path(out) / "separation.json").write_text(json.dumps(table, indent=1))
+
+
+def main() -> None:
+    """Console entry point: user errors print one line (``--debug`` for the traceback)."""
+    try:
+        app()
+    except WorkbenchError as exc:
+        if _state["debug"]:
+            raise
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        typer.echo("interrupted: finished work is saved; re-run the same command to resume", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

