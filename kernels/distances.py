@@ -54,17 +54,21 @@ def _out(t: torch.Tensor, was_numpy: bool):
 
 class _Side(NamedTuple):
     """One point set ready for the GEMM: the points as the metric sees them (normalised for
-    cosine; used for exact differences), a centered copy, and its squared row norms."""
+    cosine; used for exact differences), a centered copy, its squared row norms, and the
+    augmented rows ``[c, |c|^2, 1]`` / ``[-2c, 1, |c|^2]`` whose product is the whole squared
+    distance in one GEMM (no separate passes to add the norms)."""
 
     raw: torch.Tensor
     c: torch.Tensor
     sq: torch.Tensor
+    left: torch.Tensor
+    right: torch.Tensor
 
     def rows(self, s: int, e: int | None = None) -> _Side:
-        return _Side(self.raw[s:e], self.c[s:e], self.sq[s:e])
+        return _Side(*(t[s:e] for t in self))
 
     def float(self) -> _Side:
-        return _Side(self.raw.float(), self.c.float(), self.sq.float())
+        return _Side(*(t.float() for t in self))
 
 
 def _prepare(X: torch.Tensor, Y: torch.Tensor | None, metric: str) -> tuple[_Side, _Side | None]:
@@ -89,7 +93,9 @@ def _prepare(X: torch.Tensor, Y: torch.Tensor | None, metric: str) -> tuple[_Sid
 
     def side(P: torch.Tensor) -> _Side:
         Pc = (P - mu).contiguous()
-        return _Side(P, Pc, (Pc * Pc).sum(1))
+        sq = (Pc * Pc).sum(1, keepdim=True)
+        one = torch.ones_like(sq)
+        return _Side(P, Pc, sq[:, 0], torch.cat([Pc, sq, one], 1), torch.cat([-2 * Pc, one, sq], 1))
 
     return side(X), None if Y is None else side(Y)
 
@@ -114,11 +120,13 @@ def _finish(sq: torch.Tensor, metric: str) -> torch.Tensor:
     return sq
 
 
-def _sq_block(xs: _Side, ys: _Side) -> torch.Tensor:
-    """Squared distances of a row block to all columns (torch path, unclamped, refined)."""
-    out = torch.addmm(ys.sq.unsqueeze(0), xs.c, ys.c.T, beta=1, alpha=-2)
-    out.add_(xs.sq.unsqueeze(1))
-    return _refine(out, xs, ys)
+def _sq_block(xs: _Side, ys: _Side, diag: int | None = None) -> torch.Tensor:
+    """Squared distances of a row block to all columns (torch path, unclamped, refined).
+
+    ``diag``: column where this block meets the diagonal of a self-distance matrix; those
+    entries are set to exactly 0 (and kept out of the refinement, which they would all hit).
+    """
+    return _refine(xs.left @ ys.right.T, xs, ys, diag)
 
 
 # Relative size d^2 / (|x|^2 + |y|^2) below which the Gram form is recomputed directly:
@@ -127,16 +135,23 @@ _REFINE_BELOW = {torch.float32: 1e-2, torch.float64: 1e-10}
 _REFINE_CHUNK = 1 << 22  # elements of x - y held at once
 
 
-def _refine(sq: torch.Tensor, xs: _Side, ys: _Side) -> torch.Tensor:
+def _refine(sq: torch.Tensor, xs: _Side, ys: _Side, diag: int | None = None) -> torch.Tensor:
     """In place: recompute, from the uncentered points, entries dominated by rounding."""
     tau = _REFINE_BELOW.get(sq.dtype, 1e-2)
     thr = tau * (xs.sq + ys.sq.max())  # conservative per-row bound of tau * (|x_i|^2 + |y_j|^2)
-    i, j = torch.nonzero(sq < thr.unsqueeze(1), as_tuple=True)
-    step = max(1, _REFINE_CHUNK // max(1, xs.raw.shape[1]))
-    for s in range(0, i.numel(), step):
-        a, b = i[s : s + step], j[s : s + step]
-        diff = xs.raw[a] - ys.raw[b]
-        sq[a, b] = (diff * diff).sum(1).to(sq.dtype)
+    if diag is not None:
+        sq[:, diag : diag + len(sq)].fill_diagonal_(float("inf"))
+    rows = torch.nonzero(sq.amin(dim=1) < thr).flatten()  # a reduction first: usually no row qualifies
+    if rows.numel():
+        i, j = torch.nonzero(sq[rows] < thr[rows].unsqueeze(1), as_tuple=True)
+        i = rows[i]
+        step = max(1, _REFINE_CHUNK // max(1, xs.raw.shape[1]))
+        for s in range(0, i.numel(), step):
+            a, b = i[s : s + step], j[s : s + step]
+            diff = xs.raw[a] - ys.raw[b]
+            sq[a, b] = (diff * diff).sum(1).to(sq.dtype)
+    if diag is not None:
+        sq[:, diag : diag + len(sq)].fill_diagonal_(0)
     return sq
 
 
@@ -171,8 +186,9 @@ def pairwise_distances(
     if _use_triton(xs.c, backend):
         xs = xs.float()
         ys = xs if ys is None else ys.float()
-        out = triton_distances.sqdist(xs.c, ys.c, xs.sq, ys.sq, symmetric=ys is xs)
-        return _out(_finish(_refine(out, xs, ys), metric), was_numpy)
+        sym = ys is xs
+        out = triton_distances.sqdist(xs.c, ys.c, xs.sq, ys.sq, symmetric=sym)
+        return _out(_finish(_refine(out, xs, ys, 0 if sym else None), metric), was_numpy)
     if ys is None:
         out = _symmetric_torch(xs, block_size or DEFAULT_BLOCK)
     else:
@@ -189,9 +205,9 @@ def _symmetric_torch(xs: _Side, bs: int) -> torch.Tensor:
     out = torch.empty((n, n), dtype=xs.c.dtype, device=xs.c.device)
     for s in range(0, n, bs):
         e = min(s + bs, n)
-        row = _sq_block(xs.rows(s, e), xs.rows(s))
-        diag = row[:, : e - s]
-        diag.copy_(torch.triu(diag, 1) + torch.triu(diag, 1).T)  # zero diagonal, exact symmetry
+        row = _sq_block(xs.rows(s, e), xs.rows(s), diag=0)
+        upper = row[:, : e - s].triu(1)
+        torch.add(upper, upper.T, out=row[:, : e - s])  # exact symmetry inside the diagonal tile
         out[s:e, s:] = row
         out[e:, s:e] = row[:, e - s :].T
     return out
@@ -218,12 +234,11 @@ def iter_distance_blocks(
     for s in range(0, len(xs.c), bs):
         e = min(s + bs, len(xs.c))
         xb = xs.rows(s, e)
+        diag = s if self_mode else None
         if triton:
-            blk = _refine(triton_distances.sqdist(xb.c, ys.c, xb.sq, ys.sq), xb, ys)
+            blk = _refine(triton_distances.sqdist(xb.c, ys.c, xb.sq, ys.sq), xb, ys, diag)
         else:
-            blk = _sq_block(xb, ys)
-        if self_mode:
-            blk[:, s:e].fill_diagonal_(0)
+            blk = _sq_block(xb, ys, diag)
         yield s, e, _finish(blk, metric)
 
 
