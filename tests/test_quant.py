@@ -120,14 +120,31 @@ def test_stamp_beats_rtn_on_tiny_model_activation(tiny):
     assert rel_err(quant.stamp_quantize(x), x) < 0.8 * same_budget
 
 
+def test_sink_token_kept_out_of_the_transform():
+    """A huge first token ruins STaMP's first window unless it is quantized on its own."""
+    x = correlated_tokens(256)
+    x[0] *= 1000
+    with_sink = quant.stamp_quantize(x, sink_tokens=1)
+    without = quant.stamp_quantize(x)
+    assert rel_err(with_sink[1:9], x[1:9]) < 0.1 * rel_err(without[1:9], x[1:9])
+    assert torch.allclose(with_sink[:1], quant.minmax_quantize(x[:1], 8))
+    assert quant.average_bits(256, 4, 8, 64, sink_tokens=1) == (65 * 8 + 191 * 4) / 256
+
+
 def test_hadamard_rotation_orthogonal_and_spreads_outliers():
     for d in (64, 576, 96):
         R = quant.hadamard_rotation(d)
         assert torch.allclose(R @ R.T, torch.eye(d), atol=1e-5)
+        x = torch.randn(3, 5, d)
+        fast = quant.Hadamard(0)
+        assert torch.allclose(fast.apply(x), x @ R, atol=1e-5)
+        assert torch.allclose(fast.invert(fast.apply(x)), x, atol=1e-5)
     x = torch.randn(64, 64)
     x[:, 5] *= 100
     R = quant.hadamard_rotation(64)
-    assert rel_err(quant.quantize_activations(x, 4, rotation=R), x) < rel_err(quant.quantize_activations(x, 4), x)
+    rotated = rel_err(quant.quantize_activations(x, 4, rotation=R), x)
+    assert rotated < rel_err(quant.quantize_activations(x, 4), x)
+    assert rel_err(quant.quantize_activations(x, 4, rotation=quant.Hadamard(0)), x) == pytest.approx(rotated, rel=1e-4)
 
 
 # ----------------------------------------------------------------------------- FP8
@@ -203,15 +220,16 @@ def test_norm_gain_is_quantized_with_the_input(tiny):
 
 def test_compare_settings_table(tiny):
     blocks = torch.randint(0, 256, (2, 33), generator=torch.Generator().manual_seed(1))
-    rows = evaluate.compare_settings(tiny, blocks, ["A8", "A4+STaMP", "A4+STaMP-dct", "FP8-e4m3-mx"],
+    rows = evaluate.compare_settings(tiny, blocks, ["A8", "A4+STaMP", "A4+STaMP-dct+sink", "FP8-e4m3-mx"],
                                      batch_size=2, drift_blocks=1, progress=False)
     by = {r["setting"]: r for r in rows}
-    assert list(by) == ["float", "A8", "A4+STaMP", "A4+STaMP-dct", "FP8-e4m3-mx"]
+    assert list(by) == ["float", "A8", "A4+STaMP", "A4+STaMP-dct+sink", "FP8-e4m3-mx"]
     assert by["float"]["ppl"] == pytest.approx(evaluate.perplexity(tiny, blocks, progress=False), rel=1e-5)
     assert len(by["A8"]["drift_per_layer"]) == tiny.cfg.n_layers and by["A8"]["drift_mean"] > 0
     assert by["A4+STaMP"]["mixes"] == "window" and not math.isnan(by["A4+STaMP"]["ppl_window_end"])
-    assert math.isnan(by["A4+STaMP-dct"]["ppl_window_end"])
+    assert math.isnan(by["A4+STaMP-dct+sink"]["ppl_window_end"])
     assert evaluate.window_end_positions(33).tolist() == [7, 15, 23, 31]
+    assert evaluate.window_end_positions(33, sink_tokens=1).tolist() == [0, 8, 16, 24]
 
 
 # ----------------------------------------------------------------------------- bad input

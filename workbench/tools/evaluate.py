@@ -8,7 +8,8 @@ How perplexity is reported (causal honesty). ``ppl`` uses every next-token predi
 a full-sequence forward pass: the prefill number STaMP reports. Under a sequence transform
 it is *not* causal (position t's quantized input depends on later tokens of its transform
 window). ``ppl_window_end`` uses only the predictions made at the last position of each
-aligned window of ``2**levels`` tokens (positions 7, 15, ... for 3 Haar levels). A Haar
+aligned window of ``2**levels`` tokens (positions 7, 15, ... for 3 Haar levels; shifted by
+the sink tokens, which are quantized alone). A Haar
 window never reaches past its end, so at those positions nothing from the future leaks in
 and the number is causal; the float model is scored on the same positions for comparison.
 Settings whose values mix positions across a whole sequence (DCT, WHT) get no causal
@@ -45,6 +46,7 @@ class QuantSetting:
     fp8_format: str = "e4m3"
     fp8_scaling: str = "microscale"
     fp8_block: int = 32
+    sink_tokens: int = 0
     weight_bits: int | None = None
     weight_group: int | None = 128
 
@@ -59,28 +61,43 @@ class QuantSetting:
     def average_act_bits(self, n_tokens: int) -> float:
         """Mean activation bits per value (FP8: 8, plus the per-block exponent when microscaled)."""
         if self.act == "int":
-            return quant.average_bits(n_tokens, self.act_bits, self.high_bits, self.high_precision_tokens)
+            return quant.average_bits(n_tokens, self.act_bits, self.high_bits, self.high_precision_tokens,
+                                      self.sink_tokens)
         if self.act == "fp8":
             return 8 + (8 / self.fp8_block if self.fp8_scaling == "microscale" else 0)
         return 32.0
 
 
-# Named presets; a study config may list these names or full dicts.
+def _int(name: str, bits: int = 4, stamp: str | None = None, rot: bool = False, sink: bool = False,
+         mp: bool = False, **kw) -> QuantSetting:
+    """A preset: ``stamp`` names the transform; ``mp`` = STaMP's bit split without a transform."""
+    return QuantSetting(name, act="int", act_bits=bits, transform=stamp or "none",
+                        high_precision_tokens=64 if (stamp or mp) else 0, rotate=rot, sink_tokens=int(sink), **kw)
+
+
+# Named presets; a study config may list these names or full dicts. "+sink": the BOS token is
+# quantized alone at 8 bits and kept out of the transform.
 PRESETS = {
     s.name: s
     for s in [
         QuantSetting("float"),
-        QuantSetting("A8", act="int", act_bits=8),
-        QuantSetting("A4", act="int", act_bits=4),
-        QuantSetting("A4-mp", act="int", act_bits=4, high_precision_tokens=64),
-        QuantSetting("A4+STaMP", act="int", act_bits=4, transform="haar", high_precision_tokens=64),
-        QuantSetting("A4+STaMP-dct", act="int", act_bits=4, transform="dct", high_precision_tokens=64),
-        QuantSetting("A4+STaMP-wht", act="int", act_bits=4, transform="wht", high_precision_tokens=64),
-        QuantSetting("A4+rot", act="int", act_bits=4, rotate=True),
-        QuantSetting("A4+rot+STaMP", act="int", act_bits=4, rotate=True, transform="haar", high_precision_tokens=64),
-        QuantSetting("W4A8", act="int", act_bits=8, weight_bits=4),
-        QuantSetting("W4A4+rot+STaMP", act="int", act_bits=4, rotate=True, transform="haar",
-                     high_precision_tokens=64, weight_bits=4),
+        _int("A8", 8),
+        _int("A4"),
+        _int("A4+sink", sink=True),
+        _int("A4-mp", mp=True),
+        _int("A4-mp+sink", mp=True, sink=True),
+        _int("A4+STaMP", stamp="haar"),
+        _int("A4+STaMP+sink", stamp="haar", sink=True),
+        _int("A4+STaMP-dct+sink", stamp="dct", sink=True),
+        _int("A4+rot", rot=True),
+        _int("A4+rot+sink", rot=True, sink=True),
+        _int("A4+rot+STaMP", stamp="haar", rot=True),
+        _int("A4+rot+STaMP+sink", stamp="haar", rot=True, sink=True),
+        _int("A4+rot+STaMP-dct+sink", stamp="dct", rot=True, sink=True),
+        _int("A4+STaMP-wht", stamp="wht"),
+        _int("W4A8", 8, weight_bits=4),
+        _int("W4A4+rot+sink", rot=True, sink=True, weight_bits=4),
+        _int("W4A4+rot+STaMP+sink", stamp="haar", rot=True, sink=True, weight_bits=4),
         QuantSetting("FP8-e4m3-tensor", act="fp8", fp8_scaling="tensor"),
         QuantSetting("FP8-e4m3-group", act="fp8", fp8_scaling="group"),
         QuantSetting("FP8-e4m3-mx", act="fp8", fp8_scaling="microscale"),
@@ -109,7 +126,7 @@ def setting_hooks(model, setting: QuantSetting) -> list[quant.Hook]:
     """The activation hooks of a setting (none for float activations)."""
     if setting.act == "int":
         return quant.stamp_hooks(model, setting.act_bits, setting.transform, setting.high_precision_tokens,
-                                 setting.high_bits, setting.levels, setting.rotate)
+                                 setting.high_bits, setting.levels, setting.rotate, sink_tokens=setting.sink_tokens)
     if setting.act == "fp8":
         return quant.fp8_hooks(model, setting.fp8_format, setting.fp8_scaling, setting.fp8_block)
     if setting.act != "none":
@@ -155,10 +172,13 @@ def perplexity(model, token_blocks: torch.Tensor, hooks: Sequence[quant.Hook] = 
     return math.exp(token_nll(model, token_blocks, hooks, batch_size, progress).mean().item())
 
 
-def window_end_positions(block_len: int, levels: int = 3) -> torch.Tensor:
-    """Prediction positions that end an aligned window of ``2**levels`` tokens (causal under Haar)."""
+def window_end_positions(block_len: int, levels: int = 3, sink_tokens: int = 0) -> torch.Tensor:
+    """Prediction positions that end an aligned window of ``2**levels`` tokens (causal under Haar).
+
+    Sink tokens are quantized alone, so they count as ends; the windows start after them.
+    """
     pos = torch.arange(block_len - 1)
-    return pos[(pos + 1) % (2**levels) == 0]
+    return pos[(pos < sink_tokens) | ((pos - sink_tokens + 1) % (2**levels) == 0)]
 
 
 def resid_drift(model, tokens: torch.Tensor, setting: str | dict | QuantSetting) -> list[float]:
@@ -180,33 +200,114 @@ def compare_settings(model, token_blocks: torch.Tensor, settings: Sequence[str |
     resolved = [resolve_setting(s) for s in settings]
     for s in resolved:  # validate everything before the long loop starts
         setting_hooks(model, s)
-    levels = next((s.levels for s in resolved if s.transform == "haar"), 3)
-    ends = window_end_positions(token_blocks.shape[1], levels)
+    block_len = token_blocks.shape[1]
     ordered = [PRESETS["float"]] + [s for s in resolved if s.name != "float"]
-    rows, ref = [], None
+    rows, float_nll = [], None
     for s in ordered:
         t0 = time.perf_counter()
         with apply_setting(model, s):
             nll = token_nll(model, token_blocks, batch_size=batch_size, progress=progress, desc=s.name)
         seconds = time.perf_counter() - t0
+        float_nll = nll if float_nll is None else float_nll
         drift = resid_drift(model, token_blocks[:drift_blocks], s) if s.name != "float" else []
-        ppl = math.exp(nll.mean().item())
-        ppl_end = math.exp(nll[:, ends].mean().item()) if s.mixes() != "sequence" else float("nan")
-        if ref is None:
-            ref = {"ppl": ppl, "ppl_end": ppl_end}
+        ends = window_end_positions(block_len, s.levels, s.sink_tokens)
+        causal = s.mixes() != "sequence"
         rows.append({
             "setting": s.name,
             "weight_bits": s.weight_bits or 32,
-            "act_bits": round(s.average_act_bits(token_blocks.shape[1]), 3),
+            "act_bits": round(s.average_act_bits(block_len), 3),
             "mixes": s.mixes(),
-            "ppl": ppl,
-            "ppl_window_end": ppl_end,
-            "float_ppl_window_end": ref["ppl_end"],
-            "delta_ppl": ppl - ref["ppl"],
+            "ppl": math.exp(nll.mean().item()),
+            "ppl_window_end": math.exp(nll[:, ends].mean().item()) if causal else float("nan"),
+            "float_ppl_window_end": math.exp(float_nll[:, ends].mean().item()),
+            "delta_ppl": math.exp(nll.mean().item()) - math.exp(float_nll.mean().item()),
             "drift_mean": sum(drift) / len(drift) if drift else 0.0,
             "drift_last": drift[-1] if drift else 0.0,
             "drift_per_layer": drift,
             "seconds": seconds,
             "n_tokens": int(token_blocks.numel()),
         })
+    return rows
+
+
+# ----------------------------------------------------------------------------- study / CLI entry point
+
+
+def environment() -> dict:
+    """Package versions and machine facts recorded beside every result."""
+    import importlib.metadata
+    import platform
+
+    versions = {}
+    for pkg in ("workbench", "torch", "transformer-lens", "transformers", "numpy"):
+        try:
+            versions[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            versions[pkg] = None
+    return {"python": platform.python_version(), "platform": platform.platform(),
+            "torch_threads": torch.get_num_threads(), "packages": versions}
+
+
+def quant_figure(rows: Sequence[dict], title: str = "Quantization"):
+    """Plotly figure: perplexity per setting (left) and residual drift per layer (right)."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("perplexity (held-out text)", "relative L2 drift of resid_post"))
+    names = [r["setting"] for r in rows]
+    fig.add_bar(x=names, y=[r["ppl"] for r in rows], name="prefill ppl", row=1, col=1)
+    fig.add_bar(x=names, y=[r["ppl_window_end"] for r in rows], name="window-end ppl (causal)", row=1, col=1)
+    for r in rows:
+        if r["drift_per_layer"]:
+            fig.add_scatter(y=r["drift_per_layer"], mode="lines", name=r["setting"], row=1, col=2)
+    fig.update_xaxes(title_text="layer", row=1, col=2)
+    fig.update_yaxes(type="log", row=1, col=2)
+    fig.update_layout(title=title, barmode="group", height=500, width=1200)
+    return fig
+
+
+def run_quant_eval(model: str = "smollm2-135m", settings: Sequence[str | dict] | None = None,
+                   out: str | None = None, n_tokens: int = 16384, block_len: int = 512, seed: int = 0,
+                   batch_size: int = 2, drift_blocks: int = 2, split: str = "heldout",
+                   source: str | None = None, progress: bool = True, config: dict | None = None) -> list[dict]:
+    """Load ``model``, score ``settings`` on held-out corpus text, write results.{csv,json} and figure.html to ``out``.
+
+    This is ``workbench quant eval``. ``settings`` defaults to every preset; ``source`` is a
+    local .txt/.md/.jsonl file or folder instead of the package-docs corpus.
+    """
+    import csv
+    import json
+    from pathlib import Path
+
+    from workbench.data.corpus import token_blocks
+    from workbench.models import load_model
+
+    chosen = list(settings) if settings else list(PRESETS)
+    resolved = [resolve_setting(s) for s in chosen]  # fail on a typo before loading anything
+    torch.manual_seed(seed)
+    hooked = load_model(model)
+    blocks = token_blocks(hooked.tokenizer, n_tokens, block_len, split=split, seed=seed, source=source)
+    rows = compare_settings(hooked, blocks, resolved, batch_size=batch_size, drift_blocks=drift_blocks,
+                            progress=progress)
+    if out is not None:
+        folder = Path(out)
+        folder.mkdir(parents=True, exist_ok=True)
+        flat = [{k: v for k, v in r.items() if k != "drift_per_layer"} for r in rows]
+        with (folder / "results.csv").open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(flat[0]))
+            writer.writeheader()
+            writer.writerows(flat)
+        record = {
+            "config": config or {"model": model, "n_tokens": n_tokens, "block_len": block_len, "seed": seed,
+                                 "batch_size": batch_size, "drift_blocks": drift_blocks, "split": split,
+                                 "source": source},
+            "settings": [dataclasses.asdict(s) for s in resolved],
+            "environment": environment(),
+            "causality": "ppl: full-sequence prefill (non-causal under sequence transforms); "
+                         "ppl_window_end: predictions at the last position of each 2**levels window only "
+                         "(causal under Haar, NaN when the transform spans the whole sequence).",
+            "rows": rows,
+        }
+        (folder / "results.json").write_text(json.dumps(record, indent=2))
+        quant_figure(rows, f"Quantization of {model} ({blocks.numel()} held-out tokens)").write_html(
+            folder / "figure.html", include_plotlyjs="cdn")
     return rows

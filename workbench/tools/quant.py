@@ -11,7 +11,9 @@ pieces:
 - ``quantize_activations``: rotation -> sequence transform -> per-token mixed precision
   -> inverse transform -> inverse rotation. STaMP is the Haar/DCT/WHT case with the first
   ``high_precision_tokens`` transformed tokens at ``high_bits``; per-token RTN is the
-  identity transform with one bit width.
+  identity transform with one bit width. ``sink_tokens`` keeps the BOS / attention-sink
+  token out of the transform (at ``high_bits``): its activations are orders of magnitude
+  larger than the rest, and a transform would spread its range over its whole window.
 - ``fp8_quantize``: E4M3 / E5M2 with per-tensor, per-group (FP32 scale per block) or
   two-level microscaling (one FP32 scale per matrix and a power-of-two scale per block).
 - ``rtn_weight`` / ``quantized_weights``: round-to-nearest weight quantization.
@@ -33,6 +35,7 @@ also reports perplexity at window-end positions only, which is causal for Haar.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -255,21 +258,52 @@ def transform_matrix(transform: str, n: int, levels: int = 3) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=32)
+def _hadamard_parts(d: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random signs ``[d]`` and the normalized Sylvester block ``H_b`` of ``hadamard_rotation``."""
+    b = d & -d
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < b:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    gen = torch.Generator().manual_seed(seed)
+    signs = torch.randint(0, 2, (d,), generator=gen).float() * 2 - 1
+    return signs, (h / math.sqrt(b)).float()
+
+
 def hadamard_rotation(d: int, seed: int = 0) -> torch.Tensor:
     """A random orthogonal Hadamard rotation of the feature axis (QuaRot-style), float32 [d, d].
 
     ``diag(signs) @ blockdiag(H_b, ..., H_b)`` with ``b`` the largest power of two dividing
     ``d`` (576 -> blocks of 64): it spreads channel outliers within each block. With odd
-    ``d`` it degenerates to sign flips.
+    ``d`` it degenerates to sign flips. ``Hadamard(seed)`` applies the same map in O(d b).
     """
-    b = d & -d
-    h = torch.ones(1, 1, dtype=torch.float64)
-    while h.shape[0] < b:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    h /= math.sqrt(b)
-    gen = torch.Generator().manual_seed(seed)
-    signs = torch.randint(0, 2, (d,), generator=gen).double() * 2 - 1
-    return (signs[:, None] * torch.block_diag(*([h] * (d // b)))).float()
+    signs, h = _hadamard_parts(d, seed)
+    return signs[:, None] * torch.block_diag(*([h] * (d // h.shape[0])))
+
+
+@dataclasses.dataclass(frozen=True)
+class Hadamard:
+    """The rotation ``hadamard_rotation(d, seed)`` for whatever width ``d`` it meets, applied blockwise."""
+
+    seed: int = 0
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        signs, h = _hadamard_parts(x.shape[-1], self.seed)
+        y = (x * signs.to(x.device)).reshape(*x.shape[:-1], -1, h.shape[0]) @ h.to(x.device)
+        return y.reshape(x.shape)
+
+    def invert(self, y: torch.Tensor) -> torch.Tensor:
+        signs, h = _hadamard_parts(y.shape[-1], self.seed)
+        x = (y.reshape(*y.shape[:-1], -1, h.shape[0]) @ h.to(y.device).T).reshape(y.shape)
+        return x * signs.to(y.device)
+
+
+def _rotate(x: torch.Tensor, rotation, inverse: bool = False) -> torch.Tensor:
+    if rotation is None:
+        return x
+    if isinstance(rotation, Hadamard):
+        return rotation.invert(x) if inverse else rotation.apply(x)
+    r = rotation.to(x.device)
+    return x @ (r.T if inverse else r)
 
 
 # ----------------------------------------------------------------------------- STaMP / RTN
@@ -286,10 +320,12 @@ def stamp_bits(n: int, bits: int = 4, high_bits: int = 8, high_precision_tokens:
     return out
 
 
-def average_bits(n: int, bits: int = 4, high_bits: int = 8, high_precision_tokens: int = 0) -> float:
-    """Mean activation bit width over a sequence of ``n`` tokens (4 + 256/n for STaMP's default)."""
-    hp = min(high_precision_tokens, n)
-    return (hp * high_bits + (n - hp) * bits) / n
+def average_bits(n: int, bits: int = 4, high_bits: int = 8, high_precision_tokens: int = 0,
+                 sink_tokens: int = 0) -> float:
+    """Mean activation bit width over ``n`` tokens (4 + 256/n for STaMP's default)."""
+    sink = min(sink_tokens, n)
+    hp = min(high_precision_tokens, n - sink)
+    return ((sink + hp) * high_bits + (n - sink - hp) * bits) / n
 
 
 def quantize_activations(
@@ -299,27 +335,34 @@ def quantize_activations(
     high_precision_tokens: int = 0,
     high_bits: int = 8,
     levels: int = 3,
-    rotation: torch.Tensor | None = None,
+    rotation: torch.Tensor | Hadamard | None = None,
+    sink_tokens: int = 0,
 ) -> torch.Tensor:
     """Fake-quantize ``x [..., tokens, features]`` per token, optionally STaMP-style.
 
     ``x' = R^T-rotate(L^T Q_b(L (x R)))`` with L the sequence transform, Q_b per-token
     min-max at per-token widths b (``stamp_bits``) and R an optional feature rotation.
-    ``transform="none", high_precision_tokens=0`` is plain per-token RTN.
+    ``transform="none", high_precision_tokens=0`` is plain per-token RTN. ``rotation`` is an
+    orthogonal ``[features, features]`` matrix or a ``Hadamard`` (fast, any width).
+
+    ``sink_tokens`` leading tokens (the BOS / attention sink, whose activations are orders of
+    magnitude larger) are kept out of the transform and quantized alone at ``high_bits``;
+    otherwise the transform smears their range over their whole window.
     """
     check_bits(bits)
-    check_transform(transform, x.shape[-2], levels)
+    check_transform(transform, x.shape[-2] - sink_tokens, levels)
+    if sink_tokens < 0:
+        raise WorkbenchError(f"sink_tokens={sink_tokens} must be >= 0.")
     dtype = x.dtype
-    y = x.float()
-    if rotation is not None:
-        y = y @ rotation.to(y.device)
-    y = sequence_transform(y, transform, levels)
-    widths = stamp_bits(y.shape[-2], bits, high_bits, high_precision_tokens).to(y.device)
-    y = minmax_quantize(y, widths[:, None] if high_precision_tokens else bits)
-    y = inverse_sequence_transform(y, transform, levels)
-    if rotation is not None:
-        y = y @ rotation.to(y.device).T
-    return y.to(dtype)
+    y = _rotate(x.float(), rotation)
+    sink, body = y[..., :sink_tokens, :], y[..., sink_tokens:, :]
+    body = sequence_transform(body, transform, levels)
+    widths = stamp_bits(body.shape[-2], bits, high_bits, high_precision_tokens).to(y.device)
+    body = minmax_quantize(body, widths[:, None] if high_precision_tokens else bits)
+    body = inverse_sequence_transform(body, transform, levels)
+    if sink_tokens:
+        body = torch.cat([minmax_quantize(sink, high_bits), body], dim=-2)
+    return _rotate(body, rotation, inverse=True).to(dtype)
 
 
 def stamp_quantize(
@@ -329,10 +372,11 @@ def stamp_quantize(
     high_precision_tokens: int = 64,
     transform: str = "haar",
     levels: int = 3,
-    rotation: torch.Tensor | None = None,
+    rotation: torch.Tensor | Hadamard | None = None,
+    sink_tokens: int = 0,
 ) -> torch.Tensor:
     """STaMP on ``x [..., tokens, features]``: Haar (3 levels), first 64 tokens at 8 bits, rest at 4."""
-    return quantize_activations(x, bits, transform, high_precision_tokens, high_bits, levels, rotation)
+    return quantize_activations(x, bits, transform, high_precision_tokens, high_bits, levels, rotation, sink_tokens)
 
 
 # ----------------------------------------------------------------------------- FP8
@@ -520,11 +564,6 @@ def _make_hook(quantizer, gain: torch.Tensor | None):
     return hook
 
 
-def _rotation_for(rotate: bool, seed: int):
-    """A quantizer wrapper's rotation lookup: one Hadamard matrix per feature width."""
-    return (lambda d: hadamard_rotation(d, seed)) if rotate else (lambda d: None)
-
-
 def stamp_hooks(
     model,
     bits: int = 4,
@@ -536,19 +575,25 @@ def stamp_hooks(
     seed: int = 0,
     layers: Iterable[int] | None = None,
     sites: Sequence[str] = tuple(LINEAR_INPUT_SITES),
+    sink_tokens: int = 0,
 ) -> list[Hook]:
     """STaMP on every linear layer's input: ``X' = L^T Q(L X)`` at the site, then the unchanged layer.
 
     Prefill semantics: during one-token decode steps the transform is the identity and the
     token gets ``high_bits``. Non-causal within each transform window (module docstring).
+    ``sink_tokens=1`` keeps the BOS token out of the transform at ``high_bits``: on SmolLM2
+    this is what makes STaMP help (its BOS activations dwarf every other token's).
     """
     check_bits(bits)
     check_bits(high_bits, "high_bits")
     check_transform(transform, None, levels)
-    rotation = _rotation_for(rotate, seed)
+    if sink_tokens < 0:
+        raise WorkbenchError(f"sink_tokens={sink_tokens} must be >= 0.")
+    rotation = Hadamard(seed) if rotate else None
 
     def quantizer(x):
-        return quantize_activations(x, bits, transform, high_precision_tokens, high_bits, levels, rotation(x.shape[-1]))
+        return quantize_activations(x, bits, transform, high_precision_tokens, high_bits, levels, rotation,
+                                    sink_tokens)
 
     return activation_hooks(model, quantizer, layers, sites)
 
@@ -560,9 +605,11 @@ def rtn_activation_hooks(
     seed: int = 0,
     layers: Iterable[int] | None = None,
     sites: Sequence[str] = tuple(LINEAR_INPUT_SITES),
+    sink_tokens: int = 0,
+    sink_bits: int = 8,
 ) -> list[Hook]:
     """Per-token min-max RTN of every linear layer's input (causal: each token on its own)."""
-    return stamp_hooks(model, bits, "none", 0, 8, 3, rotate, seed, layers, sites)
+    return stamp_hooks(model, bits, "none", 0, sink_bits, 3, rotate, seed, layers, sites, sink_tokens)
 
 
 def fp8_hooks(
