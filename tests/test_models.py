@@ -145,3 +145,24 @@ def test_smollm2_answers_through_its_chat_template(smollm2):
     prompt = format_chat(smollm2, "What is the capital of France?")
     answer = smollm2.generate(prompt, max_new_tokens=10, do_sample=False, verbose=False, prepend_bos=False)
     assert "Paris" in answer[len(prompt) - 40 :]
+
+
+def test_derived_model_registration(tmp_path, monkeypatch):
+    from safetensors.torch import save_file
+
+    from workbench.models.registry import register_derived
+
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
+    base = load_model("tiny", device="cpu")
+    changed = {"blocks.0.mlp.W_out": base.blocks[0].mlp.W_out.detach() * 2}
+    save_file({k: v.contiguous() for k, v in changed.items()}, str(tmp_path / "delta.safetensors"))
+    register_derived("tiny-doubled", "tiny", tmp_path / "delta.safetensors", "test fine-tune")
+    derived = load_model("tiny-doubled", device="cpu")
+    assert torch.equal(derived.blocks[0].mlp.W_out, base.blocks[0].mlp.W_out * 2)
+    assert torch.equal(derived.blocks[1].mlp.W_out, base.blocks[1].mlp.W_out)
+    assert derived.workbench["name"] == "tiny-doubled" and derived.workbench["base"] == "tiny"
+    with pytest.raises(WorkbenchError, match="built-in model name"):
+        register_derived("tiny", "tiny", tmp_path / "delta.safetensors")
+    (tmp_path / "delta.safetensors").unlink()
+    with pytest.raises(WorkbenchError, match="missing"):
+        load_model("tiny-doubled", device="cpu")

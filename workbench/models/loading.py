@@ -80,6 +80,9 @@ def load_model(
 
         model = tiny_model(seed=seed, device=device, dtype=torch_dtype)
         info = {"weights_sha256": _tiny_weights_id(model), "cached": False}
+    elif spec.source == "derived":
+        model = load_model(spec.base, device="cpu", dtype="float32", trust_remote_code=trust_remote_code, seed=seed)
+        info = _apply_derived(model, spec)
     elif spec.source in ("embedded", "gguf"):
         gguf = embedded_gguf(spec) if spec.source == "embedded" else Path(spec.path)
         model, info = _load_gguf(spec, gguf)
@@ -98,6 +101,22 @@ def load_model(
     }
     log.info("loaded %s in %.1fs (%s)", spec.name, model.workbench["load_seconds"], info)
     return model
+
+
+def _apply_derived(model, spec: ModelSpec) -> dict:
+    """Overwrite the base model's tensors with the derived model's (a fine-tune saves only what it changed)."""
+    from safetensors.torch import load_file
+
+    path = Path(spec.path)
+    if not path.exists():
+        raise WorkbenchError(f"weights of derived model {spec.name!r} are missing ({path}): re-create it")
+    update = load_file(str(path))
+    unknown = sorted(set(update) - set(model.state_dict()))
+    if unknown:
+        raise WorkbenchError(f"{path} does not fit base model {spec.base!r} (unknown tensor {unknown[0]})")
+    model.load_state_dict(update, strict=False)
+    model.cfg.model_name = spec.name
+    return {"weights_sha256": file_sha256(path), "base": spec.base, "cached": True}
 
 
 def _place(model, device, torch_dtype):

@@ -8,6 +8,7 @@ pure: it never touches the network or loads weights.
 from __future__ import annotations
 
 import importlib.util
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,13 +22,43 @@ class ModelSpec:
     """Where a model's weights come from and how TransformerLens should see it."""
 
     name: str
-    source: str  # "embedded" | "hf" | "local" | "gguf" | "tiny"
+    source: str  # "embedded" | "hf" | "local" | "gguf" | "tiny" | "derived"
     hf_id: str | None = None  # Hugging Face id, for "hf"
     path: str | None = None  # a folder or a .gguf file, for "local" / "gguf"
     tl_name: str | None = None  # an official TransformerLens name whose config matches
     prepend_bos: bool | None = None  # None: the model's own convention
     description: str = ""
     aliases: tuple[str, ...] = ()
+    base: str | None = None  # for "derived": the model whose weights ``path`` (safetensors) updates
+
+
+def _user_registry_file():
+    from workbench.paths import cache_dir
+
+    return cache_dir("models") / "derived.json"
+
+
+def derived_models() -> dict[str, ModelSpec]:
+    """Models the workbench made (e.g. a backdoored fine-tune), registered in the user cache."""
+    file = _user_registry_file()
+    if not file.exists():
+        return {}
+    entries = json.loads(file.read_text())
+    return {name: ModelSpec(name, "derived", base=e["base"], path=e["path"], description=e.get("description", ""))
+            for name, e in entries.items()}
+
+
+def register_derived(name: str, base: str, weights: str | Path, description: str = "") -> ModelSpec:
+    """Make ``name`` loadable everywhere a model name is accepted: ``base`` plus the tensors in ``weights``."""
+    from workbench.store import write_json_atomic
+
+    if name.lower() in REGISTRY or name.lower() in _ALIASES:
+        raise WorkbenchError(f"{name!r} is a built-in model name: choose another name for the derived model")
+    file = _user_registry_file()
+    entries = json.loads(file.read_text()) if file.exists() else {}
+    entries[name.lower()] = {"base": base, "path": str(Path(weights).resolve()), "description": description}
+    write_json_atomic(file, entries)
+    return derived_models()[name.lower()]
 
 
 REGISTRY: dict[str, ModelSpec] = {
@@ -109,12 +140,15 @@ def resolve(name: str | None = None, model_path: str | Path | None = None) -> Mo
         )
     if spec is not None:
         return spec
+    derived = derived_models().get(key)
+    if derived is not None:
+        return derived
     path = Path(name).expanduser()
     if path.exists():
         return resolve(path.name, model_path=path)
     if "/" in name and not name.startswith((".", "/", "~")):
         return ModelSpec(name, "hf", hf_id=name, tl_name=_official_tl_name(name))
-    known = ", ".join(sorted(REGISTRY))
+    known = ", ".join(sorted(REGISTRY) + sorted(derived_models()))
     raise WorkbenchError(
         f"unknown model {name!r}: use one of {known}, a Hugging Face id (org/name), or a local folder/.gguf path"
     )
