@@ -43,6 +43,7 @@ def main() -> None:
     p.add_argument("--d", type=int, default=576)
     p.add_argument("--landmarks", type=int, nargs="+", default=None)
     p.add_argument("--data", choices=["lowrank", "isotropic"], default="lowrank")
+    p.add_argument("--methods", nargs="+", default=["maxmin", "random"], help="landmark choice")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--skip-ripser", action="store_true", help="ripser on the full cloud is the slowest part")
     args = p.parse_args()
@@ -63,12 +64,16 @@ def main() -> None:
     if not args.skip_ripser:
         t_rip, _ = best_of(lambda: ripser(X, maxdim=1)["dgms"])
     rows = []
-    for m in marks:
-        t_ours, res = best_of(lambda m=m: rips_persistence(X, maxdim=1, landmarks=m, n_threads=args.threads))
+    for m, method in [(m, meth) for m in marks for meth in args.methods]:
+        t_ours, res = best_of(
+            lambda m=m, method=method: rips_persistence(
+                X, maxdim=1, landmarks=m, landmark_method=method, n_threads=args.threads
+            )
+        )
         measured = [gudhi.bottleneck_distance(finite(a), finite(np.asarray(b, np.float64)))
                     for a, b in zip(res.dgms, full, strict=True)]  # fmt: skip
         row = {
-            "n": n, "d": args.d, "data": args.data, "landmarks": m,
+            "n": n, "d": args.d, "data": args.data, "landmarks": m, "method": method,
             "ours_s": t_ours, "giotto_full_s": t_gph, "ripser_full_s": t_rip,
             "x_giotto": t_gph / t_ours, "x_ripser": (t_rip / t_ours) if t_rip else None,
             "hausdorff": res.hausdorff, "bound_2dH": res.bottleneck_bound,
@@ -82,7 +87,7 @@ def main() -> None:
     print(
         "ratios are baseline time / our time (> 1 means ours is faster); bottleneck_* measured against giotto-ph full"
     )
-    print_table(rows, ["n", "landmarks", "ours_s", "giotto_full_s", "ripser_full_s", "x_giotto", "x_ripser",
+    print_table(rows, ["n", "landmarks", "method", "ours_s", "giotto_full_s", "ripser_full_s", "x_giotto", "x_ripser",
                        "bound_2dH", "bottleneck_h0", "bottleneck_h1", "max_h1_death_full"])  # fmt: skip
     write_results(
         f"bench_h1_{args.data}" + ("_quick" if args.quick else ""), args, rows, peak_rss_mb=peak_rss_mb()

@@ -298,14 +298,16 @@ def maxmin_subsample(X, m: int, metric: Metric = "euclidean", start: int = 0):
         raise WorkbenchError(f"{m} landmarks asked from {n} points; use 1 <= landmarks <= {n}")
     xs, _ = _prepare(Xt, None, metric)
     Xc, xx = xs.c, xs.sq
-    idx = torch.empty(m, dtype=torch.int64)
+    idx = []
     mins = torch.full((n,), float("inf"), dtype=Xc.dtype, device=Xc.device)
+    sq = torch.empty_like(mins)
     j = start
-    for t in range(m):
-        idx[t] = j
-        sq = torch.addmv(xx + xx[j], Xc, Xc[j], alpha=-2)
+    for _ in range(m):
+        idx.append(j)
+        torch.mv(Xc, Xc[j], out=sq)
+        sq.mul_(-2).add_(xx).add_(xx[j])
         torch.minimum(mins, sq, out=mins)
         mins[j] = 0
         j = int(torch.argmax(mins))
     radius = _finish(mins.max().reshape(1), metric)
-    return idx.numpy(), float(radius[0])
+    return np.asarray(idx, dtype=np.int64), float(radius[0])

@@ -179,3 +179,15 @@ def test_large_cloud_with_threshold_uses_sparse_edges(monkeypatch):
     for a, b in zip(dense.dgms, sparse.dgms, strict=True):
         assert a.shape == b.shape
         assert gudhi.bottleneck_distance(a, b) < 1e-5
+
+
+def test_random_landmarks_report_their_own_bound():
+    X = np.vstack([circle(300, noise=0.05, seed=10), circle(300, r=2, center=(6, 0), noise=0.05, seed=11)])
+    lm = rips_persistence(X, landmarks=120, landmark_method="random", seed=3)
+    D = pairwise_distances(X.astype(np.float64))
+    assert lm.hausdorff == pytest.approx(D[:, lm.landmarks].min(1).max(), rel=1e-4)
+    full = rips_persistence(X)
+    finite = [d[np.isfinite(d[:, 1])] for d in (full.dgms[1], lm.dgms[1])]
+    assert gudhi.bottleneck_distance(*finite) <= lm.bottleneck_bound + 1e-6
+    with pytest.raises(WorkbenchError, match="landmark_method"):
+        rips_persistence(X, landmarks=10, landmark_method="kmeans")

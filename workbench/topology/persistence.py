@@ -68,21 +68,24 @@ def _diagram_from_deaths(deaths: np.ndarray, thresh: float = math.inf) -> np.nda
 
 
 def mst_weights_dense(D: np.ndarray) -> np.ndarray:
-    """Edge lengths of a minimum spanning tree of a dense distance matrix (Prim, O(n^2), vectorised)."""
+    """Edge lengths of a minimum spanning tree of a dense distance matrix (Prim, O(n^2)).
+
+    Each step is three contiguous passes in D's own dtype (no casts, no gathers): add the
+    in-tree penalty, argmin, and fold the new vertex's row into the best-edge array.
+    """
     D = np.asarray(D)
     n = D.shape[0]
-    rem = np.arange(1, n)
-    best = D[0, 1:].astype(np.float64)
+    best = D[0].copy()
+    penalty = np.zeros(n, dtype=D.dtype)
+    penalty[0] = np.inf
+    scratch = np.empty(n, dtype=D.dtype)
     out = np.empty(n - 1)
     for t in range(n - 1):
-        m = n - 1 - t
-        a = int(np.argmin(best[:m]))
-        j = rem[a]
-        out[t] = best[a]
-        rem[a], best[a] = rem[m - 1], best[m - 1]
-        m -= 1
-        if m:
-            np.minimum(best[:m], D[j, rem[:m]], out=best[:m])
+        np.add(best, penalty, out=scratch)
+        j = int(np.argmin(scratch))
+        out[t] = best[j]
+        penalty[j] = np.inf
+        np.minimum(best, D[j], out=best)
     return out
 
 
@@ -214,16 +217,20 @@ def rips_persistence(
     backend: str = "auto",
     max_points: int | None = None,
     distance_matrix: bool = False,
+    landmark_method: str = "maxmin",
+    seed: int = 0,
 ) -> PersistenceResult:
     """Vietoris–Rips persistence up to H``maxdim`` of a point cloud (or a distance matrix).
 
-    ``landmarks=m`` runs on m maxmin landmarks and reports the Hausdorff error bound;
+    ``landmarks=m`` runs on m landmarks and reports the Hausdorff error bound; they are
+    chosen by ``landmark_method``: "maxmin" (farthest-point: the smallest bound, but evenly
+    spread points make H1 slower on high-dimensional clouds) or "random" (uniform, ``seed``);
     ``thresh`` stops the filtration at that scale (longer classes get death inf);
     ``backend``: "giotto" (giotto-ph, threaded), "ripser", or "auto" (giotto-ph when installed).
     H0 always comes from the minimum spanning tree. Clouds too large for a full complex
     raise a WorkbenchError proposing landmarks or a threshold (``max_points`` overrides the limit).
     """
-    from kernels import maxmin_subsample, pairwise_distances
+    from kernels import pairwise_distances
 
     if maxdim < 0:
         raise WorkbenchError(f"maxdim must be >= 0; got {maxdim}")
@@ -238,7 +245,7 @@ def rips_persistence(
         n_points = len(P)
     idx, radius = None, 0.0
     if landmarks is not None and landmarks < n_points:
-        idx, radius = maxmin_subsample(P, int(landmarks), metric=metric)
+        idx, radius = choose_landmarks(P, int(landmarks), landmark_method, metric, seed)
         P = P[idx]
     n = len(D) if distance_matrix else len(P)
     check_rips_size(n, maxdim, thresh, max_points)
@@ -257,6 +264,21 @@ def rips_persistence(
         return PersistenceResult([dgm0], metric, n_points, thresh, idx, radius, "mst")
     dgms, used = _ripser_family(D, maxdim, thresh, n_threads, backend)
     return PersistenceResult([dgm0, *dgms[1:]], metric, n_points, thresh, idx, radius, used)
+
+
+def choose_landmarks(P, m: int, method: str = "maxmin", metric: str = "euclidean", seed: int = 0):
+    """``(indices, hausdorff)``: m landmark rows and the largest distance from a point to its nearest landmark."""
+    from kernels import knn, maxmin_subsample
+
+    if method == "maxmin":
+        return maxmin_subsample(P, m, metric=metric, start=int(np.random.default_rng(seed).integers(len(P))))
+    if method != "random":
+        raise WorkbenchError(f"unknown landmark_method {method!r}; use 'maxmin' or 'random'")
+    if not 1 <= m <= len(P):
+        raise WorkbenchError(f"{m} landmarks asked from {len(P)} points; use 1 <= landmarks <= {len(P)}")
+    idx = np.sort(np.random.default_rng(seed).choice(len(P), size=m, replace=False))
+    _, nearest = knn(P, 1, Y=P[idx], metric=metric)
+    return idx, float(nearest.max())
 
 
 def _sparse_distances(P: np.ndarray, thresh: float, metric: str):

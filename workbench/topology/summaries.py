@@ -68,7 +68,14 @@ class RipsPersistence(TransformerMixin, BaseEstimator):
     """Point clouds -> ``PersistenceResult`` per cloud (stateless; see ``rips_persistence``)."""
 
     def __init__(
-        self, maxdim=1, metric="euclidean", thresh=math.inf, landmarks=None, n_threads=None, backend="auto"
+        self,
+        maxdim=1,
+        metric="euclidean",
+        thresh=math.inf,
+        landmarks=None,
+        n_threads=None,
+        backend="auto",
+        landmark_method="maxmin",
     ):
         self.maxdim = maxdim
         self.metric = metric
@@ -76,6 +83,7 @@ class RipsPersistence(TransformerMixin, BaseEstimator):
         self.landmarks = landmarks
         self.n_threads = n_threads
         self.backend = backend
+        self.landmark_method = landmark_method
 
     def fit(self, X, y=None):
         return self
@@ -85,7 +93,14 @@ class RipsPersistence(TransformerMixin, BaseEstimator):
 
         return [
             rips_persistence(
-                c, self.maxdim, self.metric, self.thresh, self.landmarks, self.n_threads, self.backend
+                c,
+                maxdim=self.maxdim,
+                metric=self.metric,
+                thresh=self.thresh,
+                landmarks=self.landmarks,
+                n_threads=self.n_threads,
+                backend=self.backend,
+                landmark_method=self.landmark_method,
             )
             for c in X
         ]
