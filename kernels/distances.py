@@ -200,15 +200,20 @@ def pairwise_distances(
 
 
 def _symmetric_torch(xs: _Side, bs: int) -> torch.Tensor:
-    """Squared self-distances: upper block-triangle by GEMM, mirrored (half the FLOPs, exact symmetry)."""
+    """Squared self-distances: upper block-triangle by GEMM, mirrored (half the FLOPs, exact symmetry).
+
+    Each GEMM writes straight into the output (no temporaries); the diagonal tile is
+    symmetrised from its upper triangle, the rest of the lower triangle is a transposed copy.
+    """
     n = len(xs.c)
     out = torch.empty((n, n), dtype=xs.c.dtype, device=xs.c.device)
     for s in range(0, n, bs):
         e = min(s + bs, n)
-        row = _sq_block(xs.rows(s, e), xs.rows(s), diag=0)
+        row = out[s:e, s:]
+        torch.mm(xs.left[s:e], xs.right[s:].T, out=row)
+        _refine(row, xs.rows(s, e), xs.rows(s), diag=0)
         upper = row[:, : e - s].triu(1)
         torch.add(upper, upper.T, out=row[:, : e - s])  # exact symmetry inside the diagonal tile
-        out[s:e, s:] = row
         out[e:, s:e] = row[:, e - s :].T
     return out
 
