@@ -1,0 +1,140 @@
+"""Sparse attention: selectors on synthetic heads, KV-cached decoding on the tiny model, bad input."""
+
+import pytest
+import torch
+
+from workbench.errors import WorkbenchError
+from workbench.tools import sparse_attention as sa
+
+
+def synthetic_head(n=512, d=32, kv=2, g=2, n_clusters=32, seed=0):
+    """Clustered keys and queries aligned with a few clusters: peaked, realistic-looking attention."""
+    gen = torch.Generator().manual_seed(seed)
+    centers = torch.randn(n_clusters, d, generator=gen) * 3
+    assign = torch.randint(0, n_clusters, (n,), generator=gen)
+    keys = (centers[assign] + 0.3 * torch.randn(n, d, generator=gen))[None, :, None].expand(1, n, kv, d).clone()
+    q = (centers[:g * kv] + 0.3 * torch.randn(g * kv, d, generator=gen))[None] * 0.5  # [1, h, d]
+    scores = torch.einsum("bhd,bnhd->bhn", q, keys.repeat_interleave(g, dim=2)) / d**0.5
+    return scores, q, keys
+
+
+def recall(scores, mask):
+    kv = mask.shape[1]
+    return (scores.softmax(-1) * mask.repeat_interleave(scores.shape[1] // kv, 1)).sum(-1).min().item()
+
+
+def test_top_p_mask_is_minimal():
+    probs = torch.tensor([[0.5, 0.05, 0.3, 0.15]])
+    assert sa.top_p_mask(probs, 0.8).tolist() == [[True, False, True, False]]
+    assert sa.top_p_mask(probs, 0.81).tolist() == [[True, False, True, True]]
+    assert sa.top_p_mask(probs, 1.0).all()
+
+
+def test_kmeans_recovers_separated_clusters():
+    gen = torch.Generator().manual_seed(0)
+    centers = torch.tensor([[10.0, 0], [0, 10.0], [-10.0, 0]])
+    labels = torch.arange(60) % 3
+    x = (centers[labels] + 0.1 * torch.randn(60, 2, generator=gen))[None]
+    _, assign = sa.kmeans(x, 3, iters=10)
+    for c in range(3):
+        assert assign[0, labels == c].unique().numel() == 1
+    assert assign[0].unique().numel() == 3
+
+
+def test_tactic_reaches_the_mass_with_few_keys():
+    scores, q, keys = synthetic_head()
+    oracle = sa.TopP(0.9).select(0, scores, q, keys, 512)
+    tactic = sa.Tactic(0.9).select(0, scores, q, keys, 512)
+    assert tactic.shape == (1, 2, 512)
+    assert recall(scores, oracle) >= 0.9
+    assert recall(scores, tactic) >= 0.8
+    assert tactic.float().mean() < 0.5  # far fewer than all keys
+    assert tactic.float().mean() < 5 * oracle.float().mean()
+
+
+def test_new_tokens_always_attended():
+    scores, q, keys = synthetic_head()
+    for sel in (sa.Tactic(0.5), sa.Quest(32), sa.StreamingLLM(32)):
+        assert sel.select(0, scores, q, keys, 500)[..., 500:].all()
+
+
+def test_quest_bound_is_an_upper_bound():
+    scores, q, keys = synthetic_head(n=64)
+    sel = sa.Quest(budget=16, page=16)
+    sel.select(0, scores, q, keys, 64)
+    kmin, kmax = sel.pages[0]
+    true_max = torch.einsum("hd,nd->hn", q[0], keys[0, :, 0]).reshape(q.shape[1], 4, 16).amax(-1)
+    bound = torch.maximum(q[0, :, None] * kmin[0, 0], q[0, :, None] * kmax[0, 0]).sum(-1)
+    assert (bound >= true_max - 1e-4).all()
+
+
+def test_streaming_and_topk_budgets():
+    scores, q, keys = synthetic_head(n=100)
+    m = sa.StreamingLLM(budget=20, sinks=4).select(0, scores, q, keys, 100)
+    assert m[0, 0].nonzero().flatten().tolist() == [0, 1, 2, 3, *range(84, 100)]
+    assert (sa.TopK(budget=10).select(0, scores, q, keys, 100).sum(-1) == 10).all()
+
+
+def test_h2o_evicted_keys_stay_evicted():
+    sel = sa.H2O(budget=16, recent=4)
+    scores, q, keys = synthetic_head(n=64)
+    sel.observe(0, scores.softmax(-1).reshape(1, 2, 2, 64).sum(2))
+    first = sel.select(0, scores, q, keys, 64)
+    assert (first.sum(-1) <= 16).all()
+    scores2, q2, keys2 = synthetic_head(n=65, seed=1)
+    second = sel.select(0, scores2, q2, keys2, 64)
+    assert not (second[..., :60] & ~first[..., :60]).any()
+    assert second[..., 64].all()
+
+
+@pytest.fixture(scope="module")
+def tiny_setup():
+    from workbench.models.tiny import tiny_model
+
+    model = tiny_model(seed=0)
+    tokens = model.to_tokens("The quick brown fox jumps over the lazy dog. " * 4)[:, :160]
+    return model, tokens, sa.prefill(model, tokens[:, :128], chunk=50)
+
+
+def test_full_selector_decode_matches_dense_forward(tiny_setup):
+    model, tokens, pre = tiny_setup
+    with torch.no_grad():
+        dense = model(tokens).log_softmax(-1)[:, 128:-1]
+    out = sa.decode(model, tokens, 128, sa.Full(), prefilled=pre)
+    assert out["logprobs"].shape == dense.shape
+    assert torch.allclose(out["logprobs"], dense, atol=1e-4)
+    assert out["metrics"]["loaded"] == [1.0] * model.cfg.n_layers
+
+
+def test_sparse_decode_changes_output_and_reports_metrics(tiny_setup):
+    model, tokens, pre = tiny_setup
+    full = sa.decode(model, tokens, 128, sa.Full(), prefilled=pre)["logprobs"]
+    out = sa.decode(model, tokens, 128, sa.StreamingLLM(budget=16), prefilled=pre)
+    assert not torch.allclose(out["logprobs"], full, atol=1e-3)
+    assert all(0 < v < 0.3 for v in out["metrics"]["loaded"])
+    assert all(0 < r < 1 for r in out["metrics"]["recall"])
+    again = sa.decode(model, tokens, 128, sa.Full(), prefilled=pre)["logprobs"]  # the prefill cache is untouched
+    assert torch.equal(again, full)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: sa.TopP(0.0),
+        lambda: sa.Tactic(1.5),
+        lambda: sa.make_selector("tactic", p=-0.1),
+        lambda: sa.TopK(0),
+        lambda: sa.Quest(16, page=0),
+        lambda: sa.make_selector("oracle"),
+    ],
+)
+def test_bad_input(call):
+    with pytest.raises(WorkbenchError) as info:
+        call()
+    assert "\n" not in str(info.value)
+
+
+def test_bad_prefill_length(tiny_setup):
+    model, tokens, _ = tiny_setup
+    with pytest.raises(WorkbenchError, match="n_prefill"):
+        sa.decode(model, tokens[:, :10], 9, sa.Full())
