@@ -40,11 +40,11 @@ def bench_throughput(model_name: str, n_prompts: int, batch_size: int) -> dict:
     import torch
 
     from workbench.capture import capture, resid_sites, tokenize
+    from workbench.data.injection import generate_injection_pairs
     from workbench.models import format_chat, load_model
-    from workbench.probe import demo_prompts
 
     model = load_model(model_name, device="cpu")
-    base = demo_prompts()
+    base = generate_injection_pairs(n_prompts // 2 + 1)
     prompts = [
         dict(base[i % len(base)], text=format_chat(model, base[i % len(base)]["text"]), id=i)
         for i in range(n_prompts)

@@ -219,9 +219,9 @@ def test_bad_sites_layers_and_options(tiny, tmp_path):
 
 @pytest.mark.slow
 def test_real_model_batching_is_exact(smollm2, tmp_path):
-    from workbench.probe import demo_prompts
+    from workbench.data.injection import generate_injection_pairs
 
-    prompts = demo_prompts()[:10]
+    prompts = generate_injection_pairs(5)
     sites = resid_sites(smollm2, [3, 15, 29])
     one = capture(smollm2, prompts, sites, tmp_path / "b1", batch_size=1, progress=False)
     eight = capture(smollm2, prompts, sites, tmp_path / "b8", batch_size=8, progress=False)

@@ -204,6 +204,7 @@ def capture(
     buffer: dict[str, list] = {}
     buffer_rows: list[dict] = []
     buffer_truncated: list[int] = []
+    n_truncated = 0
 
     def flush():
         if not buffer_rows:
@@ -222,9 +223,7 @@ def capture(
         for begin in range(start, len(records), batch_size):
             batch = records[begin : begin + batch_size]
             ids, offsets, truncated = tokenize(model, [r["text"] for r in batch], max_tokens)
-            if truncated:
-                log.warning("%d prompt(s) longer than %d tokens were left-truncated (recorded in the manifest)",
-                            len(truncated), max_tokens)
+            n_truncated += len(truncated)
             lengths = [len(x) for x in ids]
             pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
             tokens = torch.full((len(ids), max(lengths)), pad, dtype=torch.long)
@@ -252,6 +251,9 @@ def capture(
         flush()
     finally:
         bar.close()
+        if n_truncated:
+            log.warning("%d prompt(s) longer than %d tokens were left-truncated (listed in the manifest)",
+                        n_truncated, max_tokens)
     store.mark_complete()
     return store
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from pathlib import Path
@@ -143,32 +142,40 @@ def _print_store(store) -> None:
 def probe(
     model: ModelOpt = "smollm2-135m",
     model_path: ModelPathOpt = None,
+    condition: Annotated[str, typer.Option(help="injection | backdoor | both")] = "injection",
     layers: Annotated[str | None, typer.Option(help="comma-separated layers (default: all)")] = None,
-    out: Annotated[Path | None, typer.Option(help="output folder (default: the user cache)")] = None,
+    pairs: Annotated[int | None, typer.Option(help="clean/adversarial prompt pairs per condition")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="fewer prompts, layers and subsamples (~2 min)")] = False,
+    out: Annotated[Path | None, typer.Option(help="output folder (default: runs/probe-MODEL in the user cache)")] = None,
+    seed: int = 0,
     batch_size: int = 8,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "float32",
 ):
-    """Capture last-token activations of clean vs injected demo prompts at every layer, and summarize them."""
-    from workbench.capture import capture as run_capture
-    from workbench.capture import resid_sites
-    from workbench.models import has_chat_template
+    """Clean vs adversarial activations, layer by layer: persistent homology, statistics, probes, report."""
     from workbench.paths import cache_dir
-    from workbench.probe import demo_prompts, separation_by_layer
+    from workbench.probe import CONDITIONS, ProbeConfig, run_probe, summary_table
 
+    conditions = CONDITIONS if condition == "both" else (condition,)
+    if any(c not in CONDITIONS for c in conditions):
+        raise WorkbenchError(f"unknown condition {condition!r}: use injection, backdoor or both")
     hooked = _load(model, model_path, device, dtype)
-    records = demo_prompts()
-    if has_chat_template(hooked):
-        records = [_chat_record(hooked, r) for r in records]
-    names = resid_sites(hooked, _layers(layers))
-    out = out or cache_dir("runs", f"probe-{hooked.workbench['name']}")
-    store = run_capture(hooked, records, names, out, positions="last", batch_size=batch_size)
-    _print_store(store)
-    table = separation_by_layer(store)
-    typer.echo("layer  clean-vs-injected centroid distance / mean within-class spread")
-    for row in table:
-        typer.echo(f"{row['layer']:>5}  {row['ratio']:.3f}")
-    (Path(out) / "separation.json").write_text(json.dumps(table, indent=1))
+    chosen = _layers(layers)
+    if quick and chosen is None:
+        n = hooked.cfg.n_layers
+        chosen = sorted({round(i * (n - 1) / 5) for i in range(6)})
+    overrides = {k: v for k, v in dict(model=hooked.workbench["name"], conditions=conditions, layers=chosen,
+                                         seed=seed, batch_size=batch_size, n_pairs=pairs).items() if v is not None}
+    config = ProbeConfig.quick(**overrides) if quick else ProbeConfig(**overrides)
+    out = out or cache_dir("runs", f"probe-{hooked.workbench['name']}{'-quick' if quick else ''}")
+    report = run_probe(hooked, config, out)
+    typer.echo(f"{'cond':<10}{'layer':>5}{'AUC PH':>8}{'AUC probe':>10}{'g h0death':>10}{'g h1count':>10}"
+               f"{'g h1life':>9}{'g h1ent':>8}{'moved':>6}{'sig':>4}")
+    for r in summary_table(report):
+        typer.echo(f"{r['condition']:<10}{r['layer']:>5}{r['auc_ph']:>8.3f}{r['auc_probe']:>10.3f}"
+                   f"{r['g_h0_death_mean']:>+10.2f}{r['g_h1_count']:>+10.2f}{r['g_h1_persistence_mean']:>+9.2f}"
+                   f"{r['g_h1_entropy']:>+8.2f}{r['n_moved']:>6}{r['signature']:>3}/4")
+    typer.echo(f"report: {Path(out) / 'report.json'} and {Path(out) / 'report.html'}")
 
 
 def main() -> None:

@@ -1,0 +1,128 @@
+"""Figures of a probe report (plotly), shared by ``workbench probe``, the app and the studies."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from workbench.probe import COMPRESSION_SIGNATURE, summary_table
+from workbench.report import html_table, write_html
+
+
+def _diagram(pairs) -> list[np.ndarray]:
+    return [np.array([[b, np.inf if d is None else d] for b, d in dgm], dtype=float).reshape(-1, 2) for dgm in pairs]
+
+
+def auc_figure(result: dict, title: str):
+    import plotly.graph_objects as go
+
+    layers = [int(L) for L in result["layers"]]
+    fig = go.Figure()
+    for key, name in (("auc_topology", "PH summary + logistic regression"),
+                      ("auc_probe_rows", "linear probe, per prompt"),
+                      ("auc_probe_means", "linear probe, subsample means")):
+        fig.add_trace(go.Scatter(x=layers, y=[r[key] for r in result["layers"].values()], mode="lines+markers",
+                                 name=name))
+    fig.update_layout(title=title, xaxis_title="layer", yaxis_title="cross-validated AUC", yaxis_range=[0.4, 1.02],
+                      template="plotly_white", height=420)
+    return fig
+
+
+def effect_heatmap(result: dict, title: str):
+    import plotly.graph_objects as go
+
+    layers = list(result["layers"])
+    names = result["layers"][layers[0]]["features"]
+    g = np.array([result["layers"][L]["g"] for L in layers])
+    q = np.array([result["layers"][L]["q_perm"] for L in layers])
+    text = np.where(q < 0.05, "*", "")
+    lim = float(np.nanmax(np.abs(g))) or 1.0
+    fig = go.Figure(go.Heatmap(z=g, x=names, y=[f"L{L}" for L in layers], colorscale="RdBu_r", zmin=-lim, zmax=lim,
+                               text=text, texttemplate="%{text}", colorbar={"title": "Hedges g"}))
+    fig.update_layout(title=title + " (attack - clean; * q<0.05 permutation, BH)", height=300 + 14 * len(layers),
+                      template="plotly_white")
+    return fig
+
+
+def signature_figure(result: dict, title: str):
+    import plotly.graph_objects as go
+
+    layers = [int(L) for L in result["layers"]]
+    fig = go.Figure()
+    for feature, sign in COMPRESSION_SIGNATURE.items():
+        rows = list(result["layers"].values())
+        if feature not in rows[0]["features"]:
+            continue
+        i = rows[0]["features"].index(feature)
+        g = np.array([r["g"][i] for r in rows])
+        lo, hi = np.array([r["g_low"][i] for r in rows]), np.array([r["g_high"][i] for r in rows])
+        fig.add_trace(go.Scatter(x=layers, y=g, mode="lines+markers", name=f"{feature} (expected {'+' if sign > 0 else '-'})",
+                                 error_y={"type": "data", "symmetric": False, "array": hi - g, "arrayminus": g - lo}))
+    fig.add_hline(y=0, line_dash="dot", line_color="grey")
+    fig.update_layout(title=title, xaxis_title="layer", yaxis_title="Hedges g with 95% bootstrap CI",
+                      template="plotly_white", height=420)
+    return fig
+
+
+def betti_figure(layer_result: dict, title: str, dim: int = 1):
+    """Betti curves of the example clean and adversarial subsamples on a common scale."""
+    import plotly.graph_objects as go
+
+    from workbench.topology.summaries import BettiCurve
+
+    diagrams = {name: _diagram(d) for name, d in layer_result["example_diagrams"].items()}
+    fig = go.Figure()
+    if any(len(d) <= dim for d in diagrams.values()):
+        return fig
+    bars = np.concatenate([d[dim][np.isfinite(d[dim][:, 1])] for d in diagrams.values()])
+    if len(bars) == 0:
+        return fig
+    lo, hi = float(bars[:, 0].min()), float(bars[:, 1].max())
+    curve = BettiCurve(dim=dim, resolution=200, sample_range=(lo, hi)).fit(list(diagrams.values()))
+    values = curve.transform(list(diagrams.values()))
+    grid = np.linspace(lo, hi, values.shape[1])
+    for (name, _), row in zip(diagrams.items(), values, strict=True):
+        fig.add_trace(go.Scatter(x=grid, y=row, mode="lines", name=name))
+    fig.update_layout(title=title, xaxis_title="scale", yaxis_title=f"Betti {dim}", template="plotly_white", height=380)
+    return fig
+
+
+def flow_figure(flow: dict, title: str):
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for gap, entry in flow.get("gaps", {}).items():
+        x = [p[0] for p in entry["pairs"]]
+        for kind, dash in (("flow", "solid"), ("control", "dot")):
+            for cls, colour in (("clean", "#1f77b4"), ("adversarial", "#d62728")):
+                fig.add_trace(go.Scatter(x=x, y=entry[kind][f"{cls}_curve"], mode="lines",
+                                         line={"dash": dash, "color": colour},
+                                         name=f"gap {gap} {cls}{' (permuted control)' if kind == 'control' else ''}"))
+    fig.update_layout(title=title, xaxis_title="first layer of the pair", yaxis_title="total H1 persistence (Alpha)",
+                      template="plotly_white", height=420)
+    return fig
+
+
+def write_probe_html(report: dict, path) -> None:
+    from workbench.topology.plots import diagram_figure
+
+    model = report["model"].get("name", "?")
+    sections = [("Per-layer table", html_table(summary_table(report)))]
+    for condition, result in report["conditions"].items():
+        best = str(result["summary"]["best_topology_layer"])
+        layer = result["layers"][best]
+        sections += [
+            (f"{condition}: AUC by layer", auc_figure(result, f"{model} / {condition}: clean vs {result['adversarial_label']}")),
+            (f"{condition}: compression signature by layer", signature_figure(result, "signature features")),
+            (f"{condition}: effect sizes", effect_heatmap(result, "all summary features")),
+        ]
+        for name, pairs in layer["example_diagrams"].items():
+            sections.append((f"{condition}: layer {best}, one {name} subsample (k={layer['k']})",
+                             diagram_figure(_diagram(pairs), f"{name}, layer {best}")))
+        sections.append((f"{condition}: Betti curves at layer {best}", betti_figure(layer, "H1 Betti curves")))
+        if result.get("neuron_flow"):
+            sections.append((f"{condition}: neuron-level flow", flow_figure(result["neuron_flow"], "neuron-pair clouds")))
+        moved = "".join(f"<li>{s}</li>" for s in layer["moved"][:15]) or "<li>none at q &lt; 0.05</li>"
+        sections.append((f"{condition}: what moved at layer {best}", f"<ul>{moved}</ul>"))
+    intro = (f"Model <b>{model}</b>; seed {report['config']['seed']}; versions "
+             + ", ".join(f"{k} {v}" for k, v in report["versions"].items()))
+    write_html(path, f"workbench probe: {model}", sections, intro)

@@ -1,0 +1,71 @@
+"""Reports shared by the CLI, the app and the studies: self-contained HTML pages of plotly figures, JSON.
+
+An HTML report embeds plotly.js once, inline, so it opens offline; JSON goes through
+``write_json_atomic`` so a crash never leaves half a report.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import platform
+from pathlib import Path
+
+from workbench.store import write_json_atomic
+
+
+def versions() -> dict:
+    """Versions of the packages whose behaviour the numbers depend on."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for pkg in ("workbench", "torch", "transformer-lens", "transformers", "numpy", "scikit-learn", "giotto-ph",
+                "ripser", "gudhi", "sae-lens"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            continue
+    return out
+
+
+def write_html(path: str | Path, title: str, sections: list[tuple[str, object]], intro: str = "") -> Path:
+    """One page: a title, an intro paragraph, then (heading, plotly figure or HTML string) sections."""
+    path = Path(path)
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+             "<style>body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}"
+             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}"
+             "</style></head><body>", f"<h1>{html.escape(title)}</h1>"]
+    if intro:
+        parts.append(f"<p>{intro}</p>")
+    first = True
+    for heading, body in sections:
+        parts.append(f"<h2>{html.escape(heading)}</h2>")
+        if hasattr(body, "to_html"):
+            parts.append(body.to_html(full_html=False, include_plotlyjs="inline" if first else False))
+            first = False
+        else:
+            parts.append(str(body))
+    parts.append("</body></html>")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("\n".join(parts), encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def html_table(rows: list[dict], columns: list[str] | None = None, digits: int = 3) -> str:
+    """A small HTML table from a list of dicts."""
+    if not rows:
+        return "<p>(empty)</p>"
+    columns = columns or list(rows[0])
+
+    def cell(v):
+        if isinstance(v, float):
+            return f"{v:.{digits}g}"
+        return html.escape(json.dumps(v) if isinstance(v, (list, dict)) else str(v))
+
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{cell(r.get(c))}</td>" for c in columns) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+__all__ = ["html_table", "versions", "write_html", "write_json_atomic"]
