@@ -191,3 +191,12 @@ def test_random_landmarks_report_their_own_bound():
     assert gudhi.bottleneck_distance(*finite) <= lm.bottleneck_bound + 1e-6
     with pytest.raises(WorkbenchError, match="landmark_method"):
         rips_persistence(X, landmarks=10, landmark_method="kmeans")
+
+
+def test_device_argument_routes_distances_through_torch():
+    X = circle(50, noise=0.02, seed=12)
+    a = rips_persistence(X, device="cpu")
+    b = rips_persistence(X)
+    for da, db in zip(a.dgms, b.dgms, strict=True):
+        np.testing.assert_array_equal(da, db)
+    np.testing.assert_array_equal(h0_persistence(X, device="cpu"), h0_persistence(X))

@@ -181,25 +181,35 @@ def _kruskal(n: int, i: np.ndarray, j: np.ndarray, w: np.ndarray, rows: np.ndarr
 
 
 def h0_persistence(
-    X, metric: str = "euclidean", thresh: float = math.inf, method: str = "auto"
+    X, metric: str = "euclidean", thresh: float = math.inf, method: str = "auto", device: str | None = None
 ) -> np.ndarray:
     """The H0 Rips diagram of a cloud from its minimum spanning tree (equals ripser's H0).
 
     ``method``: "dense" (Prim on the full matrix), "blocked" (Borůvka, no n x n matrix) or
-    "auto" (dense up to ``DENSE_H0_MAX`` points).
+    "auto" (dense up to ``DENSE_H0_MAX`` points). ``device="cuda"`` computes the distance
+    matrix there (Triton kernel).
     """
-    from kernels import pairwise_distances
-
     X = as_points(X)
     if method == "auto":
         method = "dense" if len(X) <= DENSE_H0_MAX else "blocked"
     if method == "dense":
-        deaths = mst_weights_dense(pairwise_distances(_float(X), metric=metric))
+        deaths = mst_weights_dense(dense_distances(_float(X), metric, device))
     elif method == "blocked":
         deaths = mst_weights_blocked(_float(X), metric=metric)
     else:
         raise WorkbenchError(f"unknown H0 method {method!r}; use 'auto', 'dense' or 'blocked'")
     return _diagram_from_deaths(deaths, thresh)
+
+
+def dense_distances(P: np.ndarray, metric: str, device: str | None = None) -> np.ndarray:
+    """The distance matrix as NumPy, computed on ``device`` (a torch device name) when given."""
+    from kernels import pairwise_distances
+
+    if device is None:
+        return pairwise_distances(P, metric=metric)
+    import torch
+
+    return pairwise_distances(torch.from_numpy(P).to(device), metric=metric).cpu().numpy()
 
 
 def _float(X: np.ndarray) -> np.ndarray:
@@ -219,6 +229,7 @@ def rips_persistence(
     distance_matrix: bool = False,
     landmark_method: str = "maxmin",
     seed: int = 0,
+    device: str | None = None,
 ) -> PersistenceResult:
     """Vietoris–Rips persistence up to H``maxdim`` of a point cloud (or a distance matrix).
 
@@ -229,9 +240,8 @@ def rips_persistence(
     ``backend``: "giotto" (giotto-ph, threaded), "ripser", or "auto" (giotto-ph when installed).
     H0 always comes from the minimum spanning tree. Clouds too large for a full complex
     raise a WorkbenchError proposing landmarks or a threshold (``max_points`` overrides the limit).
+    ``device="cuda"`` computes the distance matrix on the GPU (Triton kernel).
     """
-    from kernels import pairwise_distances
-
     if maxdim < 0:
         raise WorkbenchError(f"maxdim must be >= 0; got {maxdim}")
     thresh = math.inf if thresh is None else float(thresh)
@@ -258,7 +268,7 @@ def rips_persistence(
         dgms, used = _ripser_family(D, maxdim, thresh, n_threads, backend)
         return PersistenceResult([dgm0, *dgms[1:]], metric, n_points, thresh, idx, radius, used + "-sparse")
     if not distance_matrix:
-        D = pairwise_distances(P, metric=metric)
+        D = dense_distances(P, metric, device)
     dgm0 = _diagram_from_deaths(mst_weights_dense(D), thresh)
     if maxdim == 0:
         return PersistenceResult([dgm0], metric, n_points, thresh, idx, radius, "mst")
