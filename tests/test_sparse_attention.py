@@ -138,3 +138,38 @@ def test_bad_prefill_length(tiny_setup):
     model, tokens, _ = tiny_setup
     with pytest.raises(WorkbenchError, match="n_prefill"):
         sa.decode(model, tokens[:, :10], 9, sa.Full())
+
+
+def test_cluster_members_partition_the_keys():
+    _, _, keys = synthetic_head(n=200, kv=2)
+    cent, members = sa.cluster_members(keys[0])
+    assert cent.shape == (2, 13, 32)
+    for k in range(2):
+        ids = members[k][members[k] >= 0]
+        assert sorted(ids.tolist()) == list(range(200))
+
+
+def test_tactic_decode_attention_matches_dense_at_p_one_and_loads_less_below():
+    scores, q, keys = synthetic_head(n=1024, d=32, kv=2, g=2, seed=2)
+    k = keys[0]
+    v = torch.randn_like(k)
+    cent, members = sa.cluster_members(k)
+    dense = sa.decode_attention(q[0], k, v)
+    out, mask = sa.tactic_decode_attention(q[0], k, v, cent, members, sa.Tactic(1.0))
+    assert mask.all() and torch.allclose(out, dense, atol=1e-5)
+    out, mask = sa.tactic_decode_attention(q[0], k, v, cent, members, sa.Tactic(0.9))
+    assert mask.float().mean() < 0.5
+    assert ((out - dense).norm() / dense.norm()) < 0.5
+    assert torch.allclose(sa.sparse_decode_attention(q[0], k, v, mask), out, atol=1e-6)
+
+
+def test_compare_attention_rows(tiny_setup):
+    model, tokens, _ = tiny_setup
+    rows = sa.compare_attention(model, tokens, 128, ["full", "tactic:0.9", "topk:auto", "streaming:32"],
+                                progress=False)
+    by = {r["method"].split(":")[0]: r for r in rows}
+    assert by["full"]["kl"] == pytest.approx(0, abs=1e-6) and by["full"]["loaded"] == 1
+    assert by["topk"]["method"] == f"topk:{round(by['tactic']['loaded'] * 128)}"
+    assert by["streaming"]["kl"] > 0 and by["streaming"]["loaded"] < 1
+    with pytest.raises(WorkbenchError, match="tactic method listed before"):
+        sa.compare_attention(model, tokens, 128, ["topk:auto"], progress=False)

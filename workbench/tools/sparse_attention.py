@@ -247,6 +247,14 @@ class Tactic(Selector):
         token_rank = rank.gather(-1, assign[:, :, None].expand(b, kv, g, n_prefill))
         return token_rank.argsort(dim=-1, stable=True)
 
+    def sample_slices(self, m: int) -> list[tuple[int, int]]:
+        """Rank ranges ``[lo, hi)`` whose exp-scores the tail fit reads."""
+        out = []
+        for frac in self.fit_at:
+            lo = min(max(int(frac * m) - self.fit_window // 2, 0), max(m - self.fit_window, 0))
+            out.append((lo, min(lo + self.fit_window, m)))
+        return out
+
     def cutoff(self, e_ord: torch.Tensor, new_mass: torch.Tensor) -> torch.Tensor:
         """How many keys to take, in order, from the ordered exp-scores ``e_ord [..., m]``.
 
@@ -258,12 +266,13 @@ class Tactic(Selector):
         ``taken >= P * (taken + tail(k))``; keys beyond ``k`` outside the samples are never read.
         """
         m = e_ord.shape[-1]
+        if self.p >= 1:  # every key has some mass: all of them
+            return torch.full(e_ord.shape[:-1], m, dtype=torch.long, device=e_ord.device)
         x = torch.arange(1, m + 1, dtype=e_ord.dtype, device=e_ord.device)
         inv_x, ys = [], []
-        for frac in self.fit_at:
-            lo = min(max(int(frac * m) - self.fit_window // 2, 0), max(m - self.fit_window, 0))
-            ys.append(e_ord[..., lo : lo + self.fit_window].mean(-1))
-            inv_x.append(1.0 / (lo + (min(self.fit_window, m) + 1) / 2))
+        for lo, hi in self.sample_slices(m):
+            ys.append(e_ord[..., lo:hi].mean(-1))
+            inv_x.append(2.0 / (lo + hi + 1))
         u = torch.tensor(inv_x, dtype=e_ord.dtype, device=e_ord.device)
         y = torch.stack(ys, -1)  # least squares of y = a*u + b over the samples
         du = u - u.mean()
@@ -444,3 +453,217 @@ def decode(model, tokens: torch.Tensor, n_prefill: int, selector: Selector, pref
             logits = model(tokens[:, t : t + 1], past_kv_cache=cache)[:, -1].float()
             out.append(logits.log_softmax(-1))
     return {"logprobs": torch.stack(out, 1), "targets": tokens[:, n_prefill + 1 :], "metrics": metrics.per_layer()}
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def parse_method(spec: str) -> tuple[str, str | None]:
+    """``"tactic:0.9"`` -> ``("tactic", "0.9")``; ``"topk:auto"`` takes Tactic's measured budget."""
+    name, _, param = spec.partition(":")
+    if name not in SELECTORS:
+        raise WorkbenchError(f"Unknown sparse-attention method {name!r}: choose one of {', '.join(SELECTORS)}.")
+    return name, param or None
+
+
+def compare_attention(model, tokens: torch.Tensor, n_prefill: int, methods: Sequence[str],
+                      chunk: int = 512, progress: bool = True) -> list[dict]:
+    """Teacher-forced decode of ``tokens[:, n_prefill:]`` under each method vs full attention.
+
+    One row per method: mean over layers and steps of the fraction of cached keys loaded
+    (per KV head), the attention-mass recall and the relative error of the attention output
+    (both against dense attention given the same inputs), the KL(full || sparse) of the
+    next-token distribution, and the perplexity of the decoded tokens. Methods are
+    ``name[:param]`` with param = P for topp/tactic or a budget in keys for the others;
+    ``auto`` uses the mean number of keys Tactic loaded (list a tactic method first).
+    """
+    import time
+
+    parsed = [parse_method(m) for m in methods]
+    pre = prefill(model, tokens[:, :n_prefill], chunk)
+    reference = decode(model, tokens, n_prefill, Full(), prefilled=pre, progress=progress)
+    ref_lp, targets = reference["logprobs"], reference["targets"]
+    ppl_full = math.exp(-ref_lp.gather(-1, targets[..., None]).mean().item())
+    rows, tactic_budget = [], None
+    for name, param in parsed:
+        if param == "auto":
+            if tactic_budget is None:
+                raise WorkbenchError("Budget 'auto' needs a tactic method listed before it.")
+            value = tactic_budget
+        elif param is not None:
+            try:
+                value = float(param) if name in ("topp", "tactic") else int(param)
+            except ValueError:
+                raise WorkbenchError(f"Bad parameter {param!r} for {name}: a number (P or a budget in keys).") from None
+        else:
+            value = 0.9 if name in ("topp", "tactic") else 256
+        selector = make_selector(name, p=value, budget=value) if name in ("topp", "tactic") else make_selector(
+            name, budget=value)
+        t0 = time.perf_counter()
+        out = decode(model, tokens, n_prefill, selector, prefilled=pre, progress=progress)
+        seconds = time.perf_counter() - t0
+        lp = out["logprobs"]
+        kl = (ref_lp.exp() * (ref_lp - lp)).sum(-1).mean().item()
+        met = {k: sum(v) / len(v) for k, v in out["metrics"].items()}
+        if name == "tactic" and tactic_budget is None:
+            tactic_budget = max(1, round(met["loaded"] * n_prefill))
+        rows.append({
+            "method": f"{name}:{value}" if name != "full" else "full",
+            "loaded": met["loaded"],
+            "recall": met["recall"],
+            "out_err": met["out_err"],
+            "kl": kl,
+            "ppl": math.exp(-lp.gather(-1, targets[..., None]).mean().item()),
+            "ppl_full": ppl_full,
+            "context": n_prefill,
+            "decode_steps": lp.shape[1],
+            "seconds": seconds,
+            "per_layer": out["metrics"],
+        })
+    return rows
+
+
+def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Dense single-query attention: ``q [h, d]``, ``keys/values [n, kv, d]`` -> ``[h, d]``."""
+    h, d = q.shape
+    kv = keys.shape[1]
+    qg = q.reshape(kv, h // kv, d)
+    scores = torch.einsum("kgd,nkd->kgn", qg, keys) / math.sqrt(d)
+    return torch.einsum("kgn,nkd->kgd", scores.softmax(-1), values).reshape(h, d)
+
+
+def tactic_decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, centroids: torch.Tensor,
+                            members: torch.Tensor, tactic: Tactic | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tactic decode attention that scores only what it needs: returns ``(output [h, d], selection [kv, n])``.
+
+    ``centroids [kv, C, d]`` and ``members [kv, C, s]`` (key indices per cluster, padded with
+    -1) come from the prefill (``cluster_members``). Per KV head: rank clusters by
+    q·centroid for each query head of the group, score the fit samples and a prefix of the
+    order (doubling it until ``Tactic.cutoff`` stops inside it), then attend over the union
+    of the group's selections. Keys outside the prefixes and samples are never touched.
+    """
+    tactic = tactic or Tactic()
+    h, d = q.shape
+    kv, c, s = members.shape
+    n = keys.shape[0]
+    g = h // kv
+    qg = q.reshape(kv, g, d) / math.sqrt(d)
+    kt = keys.transpose(0, 1)  # [kv, n, d]
+    rank = torch.einsum("kgd,kcd->kgc", qg, centroids).argsort(-1, descending=True)  # [kv, g, C]
+    order = members[torch.arange(kv)[:, None, None], rank].reshape(kv, g, c * s)
+    idx = order[order >= 0].reshape(kv, g, n)  # keys of each query head, approximately by score
+    heads = torch.arange(kv)[:, None, None]
+
+    def exp_scores(cols):
+        return torch.exp(torch.einsum("kgd,kgnd->kgn", qg, kt[heads, idx[:, :, cols]]))
+
+    e_ord = torch.zeros(kv, g, n)
+    samples = torch.cat([torch.arange(lo, hi) for lo, hi in tactic.sample_slices(n)])
+    e_ord[:, :, samples] = exp_scores(samples)
+    done, prefix = 0, max(1, math.ceil(tactic.exact_frac * n))
+    while True:
+        e_ord[:, :, done:prefix] = exp_scores(slice(done, prefix))
+        counts = tactic.cutoff(e_ord, torch.zeros(kv, g))
+        if bool((counts <= prefix).all()) or prefix == n:
+            break
+        done, prefix = prefix, min(2 * prefix, n)
+    take = torch.arange(n) < counts[..., None]  # [kv, g, n] in each head's order
+    mask = torch.zeros(kv, g, n, dtype=torch.bool).scatter(-1, idx, take).any(1)  # union over the group
+    return sparse_decode_attention(q, keys, values, mask), mask
+
+
+def sparse_decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                            mask: torch.Tensor) -> torch.Tensor:
+    """Single-query attention over the selected keys only: ``mask [kv, n]`` -> output ``[h, d]``.
+
+    Gathers the selected keys and values (padded to the largest selection of the KV heads)
+    and attends over them; unselected keys are never read.
+    """
+    h, d = q.shape
+    kv, n = mask.shape
+    qg = q.reshape(kv, h // kv, d) / math.sqrt(d)
+    width = int(mask.sum(-1).max())
+    sel = mask.to(torch.int8).argsort(dim=-1, descending=True, stable=True)[:, :width]  # selected keys first
+    valid = torch.gather(mask, 1, sel)
+    rows = torch.arange(kv)[:, None]
+    scores = torch.einsum("kgd,knd->kgn", qg, keys.transpose(0, 1)[rows, sel])
+    scores = scores.masked_fill(~valid[:, None], float("-inf"))
+    return torch.einsum("kgn,knd->kgd", scores.softmax(-1), values.transpose(0, 1)[rows, sel]).reshape(h, d)
+
+
+def cluster_members(keys: torch.Tensor, cluster_size: int = 16, iters: int = 10) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prefill clustering for ``tactic_decode_attention``: ``keys [n, kv, d]`` -> centroids, padded member lists."""
+    n, kv, d = keys.shape
+    cent, assign = kmeans(keys.permute(1, 0, 2).float(), math.ceil(n / cluster_size), iters)
+    c = cent.shape[1]
+    size = int(torch.bincount(assign.flatten() + torch.arange(kv).repeat_interleave(n) * c, minlength=kv * c).max())
+    members = torch.full((kv, c, size), -1, dtype=torch.long)
+    for k in range(kv):
+        order = assign[k].argsort(stable=True)
+        counts = torch.bincount(assign[k], minlength=c)
+        starts = torch.cumsum(counts, 0) - counts
+        slot = torch.arange(n) - starts[assign[k][order]]
+        members[k, assign[k][order], slot] = order
+    return cent, members
+
+
+def attention_figure(rows: Sequence[dict], title: str = "Sparse attention"):
+    """Plotly figure: loaded fraction, recall and KL per method (left), recall per layer (right)."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("fraction of keys loaded / mass recall",
+                                                        "KL(full || sparse) per token", "recall per layer"))
+    names = [r["method"] for r in rows]
+    fig.add_bar(x=names, y=[r["loaded"] for r in rows], name="loaded", row=1, col=1)
+    fig.add_bar(x=names, y=[r["recall"] for r in rows], name="recall", row=1, col=1)
+    fig.add_bar(x=names, y=[r["kl"] for r in rows], name="KL", row=1, col=2)
+    for r in rows:
+        fig.add_scatter(y=r["per_layer"]["recall"], mode="lines", name=r["method"], row=1, col=3)
+    fig.update_xaxes(title_text="layer", row=1, col=3)
+    fig.update_layout(title=title, barmode="group", height=450, width=1400)
+    return fig
+
+
+def run_attention_eval(model: str = "smollm2-135m", methods: Sequence[str] | None = None, out: str | None = None,
+                       context: int = 4096, decode_steps: int = 64, seed: int = 0, split: str = "heldout",
+                       source: str | None = None, progress: bool = True, config: dict | None = None) -> list[dict]:
+    """``workbench attention eval``: prefill ``context`` held-out tokens, decode ``decode_steps`` under each method.
+
+    Writes results.csv, results.json (config, versions, per-layer metrics) and figure.html to ``out``.
+    """
+    import csv
+    import json
+    from pathlib import Path
+
+    from workbench.data.corpus import token_blocks
+    from workbench.models import load_model
+    from workbench.tools.evaluate import environment
+
+    methods = list(methods) if methods else ["full", "topp:0.9", "tactic:0.9", "topk:auto", "quest:auto",
+                                             "streaming:auto", "h2o:auto"]
+    for m in methods:
+        parse_method(m)
+    _check_positive("decode_steps", decode_steps)
+    torch.manual_seed(seed)
+    hooked = load_model(model)
+    n_ctx = hooked.cfg.n_ctx
+    if context + decode_steps + 1 > n_ctx:
+        raise WorkbenchError(f"context + decode_steps = {context + decode_steps} exceeds {model}'s context of {n_ctx}.")
+    length = context + decode_steps + 1
+    tokens = token_blocks(hooked.tokenizer, length, length, split=split, seed=seed, source=source)
+    rows = compare_attention(hooked, tokens, context, methods, progress=progress)
+    if out is not None:
+        folder = Path(out)
+        folder.mkdir(parents=True, exist_ok=True)
+        flat = [{k: v for k, v in r.items() if k != "per_layer"} for r in rows]
+        with (folder / "results.csv").open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(flat[0]))
+            writer.writeheader()
+            writer.writerows(flat)
+        record = {"config": config or {"model": model, "methods": methods, "context": context,
+                                       "decode_steps": decode_steps, "seed": seed, "split": split, "source": source},
+                  "environment": environment(), "rows": rows}
+        (folder / "results.json").write_text(json.dumps(record, indent=2))
+        attention_figure(rows, f"Sparse decode attention on {model}, {context}-token context").write_html(
+            folder / "figure.html", include_plotlyjs="cdn")
+    return rows
