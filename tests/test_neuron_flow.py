@@ -75,3 +75,14 @@ def test_bad_activations():
         neuron_flow(_layers(2, 3, 20, True, 7), gaps=(0,))
     with pytest.raises(WorkbenchError, match="method"):
         neuron_flow(_layers(2, 3, 20, True, 7), method="cech")
+
+
+def test_flow_contrast_separates_conditions_and_the_control_does_not():
+    from workbench.topology.neuron_flow import flow_contrast
+
+    coupled = _layers(12, 3, 200, True, 8)
+    independent = _layers(12, 3, 200, False, 9)
+    res = flow_contrast(coupled, independent, gaps=(1,), n_perm=300)
+    assert res.g[1].shape == (2,) and np.all(res.g[1] > 2)  # b (independent) has far more H1
+    assert np.all(res.q[1] < 0.05)
+    assert np.all(np.abs(res.control_g[1]) < 1.5) and np.all(res.control_q[1] > 0.01)

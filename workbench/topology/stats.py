@@ -26,6 +26,10 @@ from workbench.errors import WorkbenchError
 
 log = logging.getLogger(__name__)
 
+# Subsample sizes whose Rips barcode costs about a second on 2 cores in ~576 dims
+# (bench_h1 --quick: giotto-ph H1 of 1024 activation-like points, 1.25 s; H2 grows as n^4).
+DEFAULT_K = {0: 4096, 1: 1000, 2: 200}
+
 
 @dataclass
 class Subsamples:
@@ -245,7 +249,7 @@ class LayerComparison:
 
 def compare_conditions(
     clouds: dict,
-    k: int,
+    k: int | None = None,
     K: int = 64,
     n_parts: int = 5,
     maxdim: int = 1,
@@ -261,7 +265,7 @@ def compare_conditions(
     Topology AUC: summaries of subsamples, folds = row parts (no row in train and test).
     Probe baselines on the same parts: per row (``auc_probe_rows``) and on the mean
     activation of each subsample (``auc_probe_means``, the set-level counterpart of the
-    topology classifier).
+    topology classifier). ``k=None``: ``DEFAULT_K[maxdim]``, capped by the part size.
     """
     layers = list(clouds)
     stats: dict[str, list] = {
@@ -270,8 +274,9 @@ def compare_conditions(
     names: list[str] = []
     for li, layer in enumerate(layers):
         A, B = (np.asarray(c, dtype=np.float32) for c in clouds[layer])
-        sa = subsample_summaries(A, k, K, n_parts, maxdim, metric, landmarks, n_threads, seed + 2 * li)
-        sb = subsample_summaries(B, k, K, n_parts, maxdim, metric, landmarks, n_threads, seed + 2 * li + 1)
+        kl = k if k is not None else min(DEFAULT_K.get(maxdim, 200), min(len(A), len(B)) // n_parts)
+        sa = subsample_summaries(A, kl, K, n_parts, maxdim, metric, landmarks, n_threads, seed + 2 * li)
+        sb = subsample_summaries(B, kl, K, n_parts, maxdim, metric, landmarks, n_threads, seed + 2 * li + 1)
         names = sa.names
         a, b = sa.features, sb.features
         stats["ma"].append(a.mean(0))
@@ -310,8 +315,3 @@ def _row_parts(s: Subsamples, n: int) -> np.ndarray:
     for idx, p in zip(s.rows, s.part, strict=True):
         part[idx] = p
     return part
-
-
-# Subsample sizes whose Rips barcode costs about a second on 2 cores in ~576 dims
-# (bench_h1 --quick: giotto-ph H1 of 1024 activation-like points, 1.25 s; H2 grows as n^4).
-DEFAULT_K = {0: 4096, 1: 1000, 2: 200}
