@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 from workbench.cli import app
 
 runner = CliRunner()
-COMMANDS = ["models", "sites", "capture", "probe"]
+COMMANDS = ["models", "sites", "capture", "probe", "topology"]
 
 
 def test_help_is_fast_and_light():
@@ -48,3 +48,15 @@ def test_user_errors_are_one_line_with_exit_code_2(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("error: prompt file") and proc.stderr.strip().count("\n") == 0
     assert "Traceback" not in proc.stderr
+
+
+def test_topology_command_on_a_circle(tmp_path):
+    import numpy as np
+
+    angles = np.linspace(0, 2 * np.pi, 60, endpoint=False)
+    np.save(tmp_path / "circle.npy", np.c_[np.cos(angles), np.sin(angles)])
+    result = runner.invoke(app, ["topology", "--points", str(tmp_path / "circle.npy"), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output
+    assert "H1: 1 bars" in result.output
+    doc = json.loads((tmp_path / "o" / "diagrams.json").read_text())
+    assert len(doc["dgms"][1]) == 1 and doc["dgms"][0][-1][1] is None

@@ -178,6 +178,28 @@ def probe(
     typer.echo(f"report: {Path(out) / 'report.json'} and {Path(out) / 'report.html'}")
 
 
+@app.command()
+def topology(
+    points: Annotated[Path, typer.Option(help=".npy/.npz file of points, one row per point")],
+    out: Annotated[Path, typer.Option(help="folder for diagrams.json and diagram.html")],
+    maxdim: Annotated[int, typer.Option(help="highest homology dimension (0, 1 or 2)")] = 1,
+    metric: Annotated[str, typer.Option(help="euclidean | cosine")] = "euclidean",
+    landmarks: Annotated[int | None, typer.Option(help="maxmin landmarks (error bound reported)")] = None,
+    thresh: Annotated[float | None, typer.Option(help="largest filtration value (sparse Rips)")] = None,
+):
+    """Vietoris-Rips persistence of a point cloud: diagrams as JSON (inf deaths as null) and a plot."""
+    from workbench.topology.cli import run_topology_file
+
+    summary = run_topology_file(points, maxdim=maxdim, metric=metric, landmarks=landmarks, thresh=thresh, out=out)
+    used = f" ({summary['n_used']} landmarks, bottleneck error <= {summary['bottleneck_bound']:.3g})" \
+        if summary["n_used"] != summary["n_points"] else ""
+    typer.echo(f"{summary['n_points']} points{used}, {summary['backend']}, {summary['seconds']} s")
+    for dim, row in summary["dims"].items():
+        typer.echo(f"  {dim}: {row['bars']} bars ({row['infinite']} infinite), longest finite {row['longest']:.4g}, "
+                   f"total persistence {row['total_persistence']:.4g}")
+    typer.echo(f"wrote {summary['files']['diagrams']} and {summary['files']['plot']}")
+
+
 def main() -> None:
     """Console entry point: user errors print one line (``--debug`` for the traceback)."""
     try:
