@@ -273,12 +273,17 @@ def knn(
     """The ``k`` nearest rows of ``Y`` (of ``X`` itself, excluding each point) for every row of ``X``.
 
     Returns ``(indices, distances)``, both ``(n, k)``, sorted by distance, as NumPy arrays.
+    Self-neighbours on the torch path use each GEMM tile twice (for its rows and, transposed,
+    for its columns), so only the upper block-triangle is computed: half the FLOPs.
     """
     self_mode = Y is None
     m = len(X) if self_mode else len(Y)
     available = m - 1 if self_mode else m
     if not 1 <= k <= available:
         raise WorkbenchError(f"k={k} nearest neighbours asked, but only {available} candidates exist")
+    Xt, _ = _to_tensor(X)
+    if self_mode and not _use_triton(Xt, backend):
+        return _knn_self_torch(Xt, k, metric, block_size or DEFAULT_BLOCK)
     idx, dist = [], []
     for s, e, blk in iter_distance_blocks(X, Y, metric, block_size, backend):
         if self_mode:
@@ -287,6 +292,33 @@ def knn(
         idx.append(i.cpu())
         dist.append(d.cpu())
     return torch.cat(idx).numpy(), torch.cat(dist).numpy()
+
+
+def _knn_self_torch(X: torch.Tensor, k: int, metric: str, bs: int):
+    """Self k-nearest neighbours from the upper block-triangle of squared distances."""
+    xs, _ = _prepare(X, None, metric)
+    n = len(xs.c)
+    inf = float("inf")
+    best_d = torch.full((n, k), inf, dtype=xs.c.dtype)
+    best_i = torch.zeros((n, k), dtype=torch.int64)
+
+    def merge(rows: slice, d: torch.Tensor, i: torch.Tensor) -> None:
+        dd = torch.cat([best_d[rows], d], 1)
+        ii = torch.cat([best_i[rows], i], 1)
+        top, pos = torch.topk(dd, k, dim=1, largest=False, sorted=True)
+        best_d[rows], best_i[rows] = top, torch.gather(ii, 1, pos)
+
+    for s in range(0, n, bs):
+        e = min(s + bs, n)
+        blk = _sq_block(xs.rows(s, e), xs.rows(s), diag=0)  # rows s:e, columns s:n
+        blk[:, : e - s].fill_diagonal_(inf)
+        d, i = torch.topk(blk, min(k, blk.shape[1]), dim=1, largest=False, sorted=True)
+        merge(slice(s, e), d, i + s)
+        if e < n:  # the same tile, transposed, offers rows e:n their neighbours among s:e
+            t = blk[:, e - s :].T.contiguous()
+            d, i = torch.topk(t, min(k, e - s), dim=1, largest=False, sorted=True)
+            merge(slice(e, n), d, i + s)
+    return best_i.numpy(), _finish(best_d, metric).numpy()
 
 
 def maxmin_subsample(X, m: int, metric: Metric = "euclidean", start: int = 0):
