@@ -5,12 +5,13 @@ precision when the points sit far from the origin: both sets are centered on the
 common mean first (distances do not change, most of the cancellation goes away). Pairs
 still much closer than their norms (duplicates, tight clusters away from the mean; the
 Gram form gives them errors of ``sqrt(eps) * |x|``) are recomputed exactly as
-``sum((x - y)**2)``, so small distances, the ones H0 and the MST depend on, are accurate. Cosine distance
-is computed as ``|x/|x| - y/|y||^2 / 2`` through the same path, which keeps it accurate for
-nearly parallel vectors. Self-distances are exactly symmetric with an exact zero diagonal.
+``sum((x - y)**2)``, so small distances, the ones H0 and the MST depend on, are accurate.
+Cosine distance is computed as ``|x/|x| - y/|y||^2 / 2`` through the same path, which keeps
+it accurate for nearly parallel vectors. Self-distances are exactly symmetric with an exact
+zero diagonal.
 
-CUDA float32/float16 tensors go through the Triton kernel (``kernels.triton_distances``);
-everything else through torch. ``backend="triton"`` forces the kernel (on CPU tensors it
+CUDA tensors in float32 (or half precision, computed in float32) go through the Triton
+kernel (``kernels.triton_distances``); float64 and CPU tensors through torch. ``backend="triton"`` forces the kernel (on CPU tensors it
 needs ``TRITON_INTERPRET=1``). NumPy inputs give NumPy outputs, tensors give tensors.
 """
 
