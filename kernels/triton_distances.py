@@ -58,16 +58,19 @@ def _build_kernel(interpret: bool):
             rm = pid_m * BM + tl.arange(0, BM)
             rn = pid_n * BN + tl.arange(0, BN)
             rk = tl.arange(0, BK)
+            # 64-bit offsets: row * stride overflows int32 once n * n (or n * d) > 2**31
+            om = rm.to(tl.int64)
+            on = rn.to(tl.int64)
             acc = tl.zeros((BM, BN), dtype=tl.float32)
             for k0 in range(0, K, BK):
                 ks = k0 + rk
                 a = tl.load(
-                    x_ptr + rm[:, None] * stride_xm + ks[None, :] * stride_xk,
+                    x_ptr + om[:, None] * stride_xm + ks[None, :] * stride_xk,
                     mask=(rm[:, None] < M) & (ks[None, :] < K),
                     other=0.0,
                 )
                 b = tl.load(
-                    y_ptr + rn[None, :] * stride_ym + ks[:, None] * stride_yk,
+                    y_ptr + on[None, :] * stride_ym + ks[:, None] * stride_yk,
                     mask=(rn[None, :] < N) & (ks[:, None] < K),
                     other=0.0,
                 )
@@ -83,9 +86,9 @@ def _build_kernel(interpret: bool):
             if SQRT:
                 d = tl.sqrt(d)
             mask = (rm[:, None] < M) & (rn[None, :] < N)
-            tl.store(d_ptr + rm[:, None] * stride_dm + rn[None, :] * stride_dn, d, mask=mask)
+            tl.store(d_ptr + om[:, None] * stride_dm + on[None, :] * stride_dn, d, mask=mask)
             if SYMMETRIC and pid_n > pid_m:
-                tl.store(d_ptr + rn[None, :] * stride_dm + rm[:, None] * stride_dn, d, mask=mask)
+                tl.store(d_ptr + on[None, :] * stride_dm + om[:, None] * stride_dn, d, mask=mask)
 
     return sqdist_kernel
 
