@@ -58,3 +58,19 @@ def test_unreadable_inputs(tmp_path):
     (tmp_path / "text.npy").write_text("hello")
     with pytest.raises(WorkbenchError, match="readable"):
         run_topology_file(tmp_path / "text.npy", out=tmp_path)
+
+
+def test_importing_the_cli_implementation_stays_light():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys, workbench.topology, workbench.topology.cli\n"
+        "heavy = [m for m in ('torch', 'gudhi', 'gph', 'ripser', 'sklearn', 'plotly', 'triton') if m in sys.modules]\n"
+        "print(heavy)\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
