@@ -179,6 +179,52 @@ def probe(
 
 
 @app.command()
+def detect(
+    prompts: Annotated[Path | None, typer.Option(help="JSONL to score ('text' per line); omit with --train")] = None,
+    out: Annotated[Path | None, typer.Option(help="scores JSONL (default: PROMPTS.scores.jsonl)")] = None,
+    model: ModelOpt = "smollm2-135m",
+    model_path: ModelPathOpt = None,
+    layer: Annotated[int | None, typer.Option(help="layer to read (default: the middle one)")] = None,
+    train: Annotated[bool, typer.Option("--train", help="(re)fit the detector on generated injection pairs")] = False,
+    pairs: Annotated[int, typer.Option(help="generated pairs for training")] = 300,
+    detector_dir: Annotated[Path | None, typer.Option(help="where the detector lives (default: user cache)")] = None,
+    chat: Annotated[bool, typer.Option("--chat/--raw", help="wrap texts in the chat template (as in training)")] = True,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "float32",
+    seed: int = 0,
+):
+    """Score prompts for injection: topological detectors (token cloud, reference cloud) beside a linear probe."""
+    from workbench.capture import prompts_sha256, read_prompt_file
+    from workbench.data.injection import write_jsonl
+    from workbench.detect import DetectorConfig, load_detector, score_prompts, train_detector
+    from workbench.models import has_chat_template
+    from workbench.paths import cache_dir
+
+    hooked = _load(model, model_path, device, dtype)
+    folder = detector_dir or cache_dir("detectors", f"{hooked.workbench['name']}-L{layer if layer is not None else 'mid'}")
+    path = Path(folder) / "detector.json"
+    if train or not path.exists():
+        detector = train_detector(hooked, DetectorConfig(model=hooked.workbench["name"], layer=layer, n_pairs=pairs,
+                                                         seed=seed), folder)
+        typer.echo(f"detector at layer {detector['layer']} ({detector['n_train']} train / {detector['n_heldout']} "
+                   "held-out rows; held-out = unseen attack families and document types):")
+        for view, row in detector["views"].items():
+            typer.echo(f"  {view:<10} AUC held-out {row['auc_heldout']:.3f}  (train {row['auc_train']:.3f})")
+        typer.echo(f"saved {path}")
+    if prompts is None:
+        return
+    detector = load_detector(path)
+    records = read_prompt_file(prompts)
+    if chat and has_chat_template(hooked):
+        records = [_chat_record(hooked, r) for r in records]
+    work = cache_dir("detect-work", prompts_sha256(records)[:16])
+    rows = score_prompts(hooked, detector, records, work)
+    out = out or prompts.with_suffix(".scores.jsonl")
+    write_jsonl(rows, out)
+    typer.echo(f"scored {len(rows)} prompts -> {out}")
+
+
+@app.command()
 def topology(
     points: Annotated[Path, typer.Option(help=".npy/.npz file of points, one row per point")],
     out: Annotated[Path, typer.Option(help="folder for diagrams.json and diagram.html")],

@@ -1,0 +1,184 @@
+"""A per-prompt injection detector from topology, judged against a linear probe on the same rows.
+
+The reference study classifies whole subsampled clouds; a deployed detector must score one
+prompt. Two topological views of a single prompt, both at one layer:
+
+* ``token``: the point cloud of the prompt's own token activations (all positions), its
+  Rips barcode summarised by ``BarcodeSummary``: the shape of how the model read it.
+* ``reference``: how the prompt's last-token activation changes the barcode of a fixed cloud
+  of clean last-token activations (summary with the point minus summary without it): an
+  injected prompt that lands far from the clean cloud opens a long H0 bar and may add or kill
+  H1 loops.
+
+Each view feeds a standardised logistic regression fitted on the generator's train split;
+AUC is measured on its held-out split (unseen attack families and document types) beside a
+logistic-regression probe on the raw last-token activations of the same rows. The fitted
+detector is plain JSON (no pickle), so loading it can run no code.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from workbench.errors import WorkbenchError
+from workbench.store import write_json_atomic
+
+VIEWS = ("token", "reference", "probe")
+
+
+@dataclass
+class DetectorConfig:
+    model: str = "smollm2-135m"
+    layer: int | None = None  # None: the middle layer
+    n_pairs: int = 300
+    reference_size: int = 100  # clean last-token points in the reference cloud
+    max_tokens: int = 256  # token clouds are left-truncated to this many tokens
+    maxdim: int = 1
+    C: float = 1.0
+    seed: int = 0
+
+
+def token_features(store, site: str, maxdim: int = 1, progress: bool = True) -> tuple[np.ndarray, list[str]]:
+    """Barcode summary of every row's own token cloud (a store captured with positions 'all')."""
+    from tqdm.auto import tqdm
+
+    from workbench.topology.persistence import rips_persistence
+    from workbench.topology.summaries import BarcodeSummary
+
+    table = store.token_table()
+    X = store.get(site, as_numpy=True)
+    row_index = table["row_index"].numpy()
+    bounds = np.searchsorted(row_index, np.arange(store.n_rows + 1))
+    results = []
+    for r in tqdm(range(store.n_rows), desc="token clouds", unit="prompt", disable=not progress):
+        cloud = X[bounds[r] : bounds[r + 1]]
+        results.append(rips_persistence(cloud[1:] if len(cloud) > 3 else cloud, maxdim=maxdim))  # drop BOS/sink
+    summary = BarcodeSummary(dims=tuple(range(maxdim + 1))).fit(results)
+    return summary.transform(results), list(summary.get_feature_names_out())
+
+
+def reference_features(points: np.ndarray, reference: np.ndarray, maxdim: int = 1,
+                       progress: bool = True) -> tuple[np.ndarray, list[str]]:
+    """Summary(reference + point) - summary(reference) for every point, plus its nearest-neighbour distance."""
+    from tqdm.auto import tqdm
+
+    from workbench.topology.persistence import rips_persistence
+    from workbench.topology.summaries import BarcodeSummary
+
+    base = rips_persistence(reference, maxdim=maxdim)
+    results = [rips_persistence(np.vstack([reference, p[None]]), maxdim=maxdim)
+               for p in tqdm(points, desc="reference cloud", unit="prompt", disable=not progress)]
+    summary = BarcodeSummary(dims=tuple(range(maxdim + 1))).fit([base, *results])
+    delta = summary.transform(results) - summary.transform([base])
+    nn = np.sqrt(((points[:, None, :] - reference[None]) ** 2).sum(-1)).min(1)
+    names = [f"delta_{n}" for n in summary.get_feature_names_out()] + ["nn_distance"]
+    return np.c_[delta, nn], names
+
+
+def fit_logistic(X: np.ndarray, y: np.ndarray, C: float = 1.0) -> dict:
+    """Standardise + logistic regression, returned as plain numbers."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    scaler = StandardScaler().fit(X)
+    scale = np.where(scaler.scale_ > 0, scaler.scale_, 1.0)
+    clf = LogisticRegression(C=C, max_iter=5000).fit((X - scaler.mean_) / scale, y)
+    return {"mean": scaler.mean_.tolist(), "scale": scale.tolist(), "coef": clf.coef_[0].tolist(),
+            "intercept": float(clf.intercept_[0])}
+
+
+def score_logistic(params: dict, X: np.ndarray) -> np.ndarray:
+    z = (X - np.asarray(params["mean"])) / np.asarray(params["scale"]) @ np.asarray(params["coef"]) + params["intercept"]
+    return 1 / (1 + np.exp(-z))
+
+
+def _layer(model, layer: int | None) -> int:
+    n = model.cfg.n_layers
+    layer = n // 2 if layer is None else layer
+    if not -n <= layer < n:
+        raise WorkbenchError(f"layer {layer} is out of range: {model.cfg.model_name} has layers 0..{n - 1}")
+    return layer % n
+
+
+def features(model, records: list[dict], layer: int, out: Path, config: DetectorConfig, reference=None,
+             progress: bool = True) -> dict:
+    """All three views for ``records`` (captures cached under ``out``)."""
+    from workbench.capture import capture
+
+    site = f"blocks.{layer}.hook_resid_post"
+    last = capture(model, records, [site], out / "last", positions="last", batch_size=8, progress=progress)
+    tokens = capture(model, records, [site], out / "tokens", positions="all", batch_size=8,
+                     max_tokens=config.max_tokens, progress=progress)
+    X_last = last.get(site, as_numpy=True).astype(np.float64)
+    X_tok, tok_names = token_features(tokens, site, config.maxdim, progress)
+    out_views = {"token": (X_tok, tok_names), "probe": (X_last, [f"resid_{i}" for i in range(X_last.shape[1])])}
+    if reference is not None:
+        out_views["reference"] = reference_features(X_last, reference, config.maxdim, progress)
+    return out_views
+
+
+def train_detector(model, config: DetectorConfig, out: str | Path, progress: bool = True) -> dict:
+    """Fit the three views on the generator's train split; AUC on its held-out split; save as JSON."""
+    from sklearn.metrics import roc_auc_score
+
+    from workbench.probe import ProbeConfig, condition_prompts
+
+    out = Path(out)
+    layer = _layer(model, config.layer)
+    records = condition_prompts(model, "injection", ProbeConfig(n_pairs=config.n_pairs, seed=config.seed))
+    y = np.array([r["label"] == "injected" for r in records], dtype=int)
+    split = np.array([r["split"] for r in records])
+    train, test = split == "train", split == "heldout"
+    views = features(model, records, layer, out / "captures", config, progress=progress)
+    X_last = views["probe"][0]
+    rng = np.random.default_rng(config.seed)
+    clean_train = np.flatnonzero(train & (y == 0))
+    ref_rows = rng.choice(clean_train, size=min(config.reference_size, len(clean_train) // 2), replace=False)
+    reference = X_last[ref_rows]
+    views["reference"] = reference_features(X_last, reference, config.maxdim, progress)
+    fit_rows = train.copy()
+    fit_rows[ref_rows] = False  # reference points are not scored against themselves
+    detector = {"config": asdict(config), "layer": layer, "model": getattr(model, "workbench", {}).get("name"),
+                "reference": reference.tolist(), "views": {}}
+    for view, (X, names) in views.items():
+        params = fit_logistic(X[fit_rows], y[fit_rows], config.C)
+        scores = score_logistic(params, X[test])
+        detector["views"][view] = {"names": names, "params": params,
+                                   "auc_heldout": float(roc_auc_score(y[test], scores)),
+                                   "auc_train": float(roc_auc_score(y[fit_rows], score_logistic(params, X[fit_rows])))}
+    detector["n_train"], detector["n_heldout"] = int(fit_rows.sum()), int(test.sum())
+    by_family = {}
+    for view in VIEWS:
+        params = detector["views"][view]["params"]
+        scores = score_logistic(params, views[view][0])
+        for family in sorted({r["attack_family_of_pair"] for r in records}):
+            rows = test & np.array([r["attack_family_of_pair"] == family for r in records])
+            if rows.any() and len(set(y[rows])) == 2:
+                by_family.setdefault(family, {})[view] = float(roc_auc_score(y[rows], scores[rows]))
+    detector["auc_heldout_by_family"] = by_family
+    write_json_atomic(out / "detector.json", detector)
+    return detector
+
+
+def load_detector(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise WorkbenchError(f"no detector at {path}: run `workbench detect --train` first")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        raise WorkbenchError(f"{path} is corrupt: re-train with `workbench detect --train`") from None
+
+
+def score_prompts(model, detector: dict, records: list[dict], work: str | Path, progress: bool = True) -> list[dict]:
+    """Per row: the injection probability under each view."""
+    config = DetectorConfig(**detector["config"])
+    views = features(model, records, detector["layer"], Path(work), config,
+                     reference=np.asarray(detector["reference"]), progress=progress)
+    scores = {view: score_logistic(detector["views"][view]["params"], views[view][0]) for view in VIEWS}
+    return [{**{k: v for k, v in r.items() if k != "text"}, **{f"score_{v}": float(scores[v][i]) for v in VIEWS}}
+            for i, r in enumerate(records)]
