@@ -1,7 +1,7 @@
 """Regenerate the quantization study: ``python studies/quantization/run.py --config studies/quantization/config.yaml [--quick]``.
 
 Writes results.csv, results.json (config, package versions, per-layer drift) and figure.html
-next to the config (or to --out). Perplexity is full-sequence prefill; the window-end column
+in results/<model>/ beside the config (or in --out). Perplexity is full-sequence prefill; the window-end column
 is the causal one (see workbench.tools.evaluate).
 """
 
@@ -18,7 +18,7 @@ def main() -> None:
     parser.add_argument("--config", default=str(Path(__file__).with_name("config.yaml")))
     parser.add_argument("--quick", action="store_true", help="use the config's `quick` overrides")
     parser.add_argument("--model", default=None, help="override the config's model")
-    parser.add_argument("--out", default=None, help="output folder (default: the config's folder)")
+    parser.add_argument("--out", default=None, help="output folder (default: results/<model> beside the config)")
     args = parser.parse_args()
     config = yaml.safe_load(Path(args.config).read_text())
     quick = config.pop("quick", {})
@@ -27,7 +27,7 @@ def main() -> None:
     config["quick"] = args.quick
     if args.model:
         config["model"] = args.model
-    out = args.out or str(Path(args.config).parent)
+    out = args.out or str(Path(args.config).parent / "results" / config["model"])
     rows = run_quant_eval(model=config["model"], settings=config["settings"], out=out,
                           n_tokens=config["n_tokens"], block_len=config["block_len"], seed=config["seed"],
                           batch_size=config["batch_size"], drift_blocks=config["drift_blocks"],

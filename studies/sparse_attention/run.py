@@ -1,7 +1,7 @@
 """Regenerate the sparse-attention study: ``python studies/sparse_attention/run.py --config studies/sparse_attention/config.yaml [--quick]``.
 
 Writes results.csv, results.json (config, package versions, per-layer metrics) and figure.html
-next to the config (or to --out).
+in results/<model>/ beside the config (or in --out).
 """
 
 import argparse
@@ -17,7 +17,7 @@ def main() -> None:
     parser.add_argument("--config", default=str(Path(__file__).with_name("config.yaml")))
     parser.add_argument("--quick", action="store_true", help="use the config's `quick` overrides")
     parser.add_argument("--model", default=None, help="override the config's model")
-    parser.add_argument("--out", default=None, help="output folder (default: the config's folder)")
+    parser.add_argument("--out", default=None, help="output folder (default: results/<model> beside the config)")
     args = parser.parse_args()
     config = yaml.safe_load(Path(args.config).read_text())
     quick = config.pop("quick", {})
@@ -26,7 +26,8 @@ def main() -> None:
     config["quick"] = args.quick
     if args.model:
         config["model"] = args.model
-    rows = run_attention_eval(model=config["model"], methods=config["methods"], out=args.out or str(Path(args.config).parent),
+    out = args.out or str(Path(args.config).parent / "results" / config["model"])
+    rows = run_attention_eval(model=config["model"], methods=config["methods"], out=out,
                               context=config["context"], decode_steps=config["decode_steps"], seed=config["seed"],
                               split=config.get("split", "heldout"), config=config)
     print(f"{'method':<16} {'loaded':>7} {'recall':>7} {'out_err':>8} {'KL':>9} {'ppl':>8} {'ppl_full':>8}")
