@@ -52,7 +52,7 @@ class ProbeConfig:
     @classmethod
     def quick(cls, **overrides) -> ProbeConfig:
         """A ~2-minute version on the embedded default: fewer prompts, layers and subsamples."""
-        base = cls(n_pairs=120, k=40, K=16, n_parts=3, n_boot=200, n_perm=500, flow_samples=8, flow_gaps=(1, 3))
+        base = cls(n_pairs=80, k=30, K=12, n_parts=2, n_boot=200, n_perm=500, flow_samples=8, flow_gaps=(1, 3))
         return replace(base, **overrides)
 
 
