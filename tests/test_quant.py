@@ -270,3 +270,19 @@ def test_bad_hook_arguments_raise(tiny):
     blocks = torch.randint(0, 256, (1, 12))
     with pytest.raises(WorkbenchError, match="power-of-two"), evaluate.apply_setting(tiny, "A4+STaMP-wht"):
         tiny(blocks)
+
+
+def test_run_quant_eval_writes_results(tmp_path):
+    import json
+
+    (tmp_path / "text.txt").write_text("Plain words for a short test of the quantization study. " * 40)
+    rows = evaluate.run_quant_eval("tiny", ["A8", "A4+STaMP+sink"], out=tmp_path / "out", n_tokens=256,
+                                   block_len=64, split="all", source=str(tmp_path / "text.txt"),
+                                   drift_blocks=1, progress=False)
+    assert [r["setting"] for r in rows] == ["float", "A8", "A4+STaMP+sink"]
+    record = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert record["environment"]["packages"]["torch"] and record["config"]["block_len"] == 64
+    assert (tmp_path / "out" / "results.csv").read_text().count("\n") == 4
+    assert (tmp_path / "out" / "figure.html").stat().st_size > 1000
+    with pytest.raises(WorkbenchError, match="Unknown quantization setting"):
+        evaluate.run_quant_eval("tiny", ["A5"])

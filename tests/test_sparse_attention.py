@@ -173,3 +173,13 @@ def test_compare_attention_rows(tiny_setup):
     assert by["streaming"]["kl"] > 0 and by["streaming"]["loaded"] < 1
     with pytest.raises(WorkbenchError, match="tactic method listed before"):
         sa.compare_attention(model, tokens, 128, ["topk:auto"], progress=False)
+
+
+def test_run_attention_eval_writes_results(tmp_path):
+    (tmp_path / "text.txt").write_text("Plain words for a short test of the sparse attention study. " * 40)
+    rows = sa.run_attention_eval("tiny", ["full", "tactic:0.9", "h2o:auto"], out=tmp_path / "out", context=96,
+                                 decode_steps=8, split="all", source=str(tmp_path / "text.txt"), progress=False)
+    assert [r["method"].split(":")[0] for r in rows] == ["full", "tactic", "h2o"]
+    assert all((tmp_path / "out" / f).exists() for f in ("results.csv", "results.json", "figure.html"))
+    with pytest.raises(WorkbenchError, match="exceeds"):
+        sa.run_attention_eval("tiny", ["full"], context=600, decode_steps=8)
