@@ -133,7 +133,7 @@ def test_threshold_cuts_the_filtration():
 def test_landmarks_report_a_bound_that_holds():
     X = np.vstack([circle(300, noise=0.05, seed=7), circle(300, r=2, center=(6, 0), noise=0.05, seed=8)])
     full = rips_persistence(X)
-    lm = rips_persistence(X, landmarks=60)
+    lm = rips_persistence(X, landmarks=60, landmark_method="maxmin")
     assert lm.landmarks.shape == (60,) and len(set(lm.landmarks.tolist())) == 60
     assert lm.n_points == 600 and 0 < lm.hausdorff < 1
     D = pairwise_distances(X.astype(np.float64))

@@ -37,11 +37,11 @@ def test_writes_json_with_null_infinite_deaths_and_an_html_plot(circle_file, tmp
 
 
 def test_landmarks_threshold_and_cosine_are_reported(circle_file, tmp_path):
-    s = run_topology_file(circle_file, maxdim=1, metric="euclidean", landmarks=40, thresh=0.5, out=tmp_path)
+    s = run_topology_file(circle_file, maxdim=1, metric="euclidean", landmarks=40, thresh=1.0, out=tmp_path)
     assert s["n_used"] == 40 and s["n_points"] == 120 and s["bottleneck_bound"] > 0
-    assert s["thresh"] == 0.5 and s["dims"]["H1"]["infinite"] >= 1
+    assert s["thresh"] == 1.0 and s["dims"]["H1"]["infinite"] == 1  # the loop outlives the threshold
     doc = json.loads((tmp_path / "diagrams.json").read_text())
-    assert len(doc["landmarks"]) == 40 and doc["thresh"] == 0.5
+    assert len(doc["landmarks"]) == 40 and doc["thresh"] == 1.0
     c = run_topology_file(np.load(circle_file) - 1e4, maxdim=0, metric="cosine", out=tmp_path / "c")
     assert c["metric"] == "cosine" and c["maxdim"] == 0
 

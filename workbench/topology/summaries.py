@@ -75,7 +75,7 @@ class RipsPersistence(TransformerMixin, BaseEstimator):
         landmarks=None,
         n_threads=None,
         backend="auto",
-        landmark_method="maxmin",
+        landmark_method="random",
     ):
         self.maxdim = maxdim
         self.metric = metric

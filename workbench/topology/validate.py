@@ -91,6 +91,6 @@ def check_rips_size(n: int, maxdim: int, thresh: float, max_points: int | None =
     simplices = math.comb(n, maxdim + 2)
     raise WorkbenchError(
         f"{n} points is too many for a full Rips complex up to H{maxdim} (~{simplices:.1e} simplices, limit {limit} "
-        f"points): pass landmarks={limit // 4} (maxmin subsample, Hausdorff error bound reported) or a thresh "
+        f"points): pass landmarks={limit // 4} (a subsample; the Hausdorff error bound is reported) or a thresh "
         f"(e.g. a low quantile of the pairwise distances), or raise max_points if you have the memory"
     )
