@@ -226,6 +226,7 @@ def test_compare_settings_table(tiny):
     assert list(by) == ["float", "A8", "A4+STaMP", "A4+STaMP-dct+sink", "FP8-e4m3-mx"]
     assert by["float"]["ppl"] == pytest.approx(evaluate.perplexity(tiny, blocks, progress=False), rel=1e-5)
     assert len(by["A8"]["drift_per_layer"]) == tiny.cfg.n_layers and by["A8"]["drift_mean"] > 0
+    assert by["A8"]["drift_tokens_mean"] > 0 and len(by["A8"]["drift_tokens_per_layer"]) == tiny.cfg.n_layers
     assert by["A4+STaMP"]["mixes"] == "window" and not math.isnan(by["A4+STaMP"]["ppl_window_end"])
     assert math.isnan(by["A4+STaMP-dct+sink"]["ppl_window_end"])
     assert evaluate.window_end_positions(33).tolist() == [7, 15, 23, 31]

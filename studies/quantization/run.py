@@ -33,10 +33,10 @@ def main() -> None:
                           batch_size=config["batch_size"], drift_blocks=config["drift_blocks"],
                           split=config.get("split", "heldout"), config=config)
     width = max(len(r["setting"]) for r in rows)
-    print(f"{'setting':<{width}}  W  A(avg)  mixes    ppl      ppl@win-end  drift(last)")
+    print(f"{'setting':<{width}}  W  A(avg)  mixes    ppl      ppl@win-end  drift(last, all / no BOS)")
     for r in rows:
         print(f"{r['setting']:<{width}} {r['weight_bits']:>2} {r['act_bits']:>6.2f}  {r['mixes']:<7} "
-              f"{r['ppl']:8.3f}  {r['ppl_window_end']:10.3f}  {r['drift_last']:.4f}")
+              f"{r['ppl']:8.3f}  {r['ppl_window_end']:10.3f}  {r['drift_last']:.4f} / {r['drift_tokens_last']:.4f}")
 
 
 if __name__ == "__main__":

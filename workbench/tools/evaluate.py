@@ -181,19 +181,34 @@ def window_end_positions(block_len: int, levels: int = 3, sink_tokens: int = 0) 
     return pos[(pos < sink_tokens) | ((pos - sink_tokens + 1) % (2**levels) == 0)]
 
 
-def resid_drift(model, tokens: torch.Tensor, setting: str | dict | QuantSetting) -> list[float]:
-    """Relative L2 error of ``blocks.{L}.hook_resid_post`` under ``setting`` vs float, per layer."""
+def resid_drift(model, tokens: torch.Tensor, setting: str | dict | QuantSetting,
+                start: int = 0) -> list[float]:
+    """Relative L2 error of ``blocks.{L}.hook_resid_post`` under ``setting`` vs float, per layer.
+
+    Over positions ``>= start``: with ``start=0`` the BOS / sink token, whose residual norm
+    dwarfs the others, dominates the number; ``start=1`` measures the ordinary tokens.
+    """
+    return resid_drifts(model, tokens, setting, (start,))[start]
+
+
+def resid_drifts(model, tokens: torch.Tensor, setting: str | dict | QuantSetting,
+                 starts: Sequence[int] = (0, 1)) -> dict[int, list[float]]:
+    """``resid_drift`` for several start positions from one pair of forward passes."""
     names = [f"blocks.{L}.hook_resid_post" for L in range(model.cfg.n_layers)]
     with torch.inference_mode():
         _, ref = model.run_with_cache(tokens, names_filter=lambda n: n in names, return_type=None)
         with apply_setting(model, setting):
             _, got = model.run_with_cache(tokens, names_filter=lambda n: n in names, return_type=None)
-    return [((got[n] - ref[n]).norm() / ref[n].norm()).item() for n in names]
+    return {s: [((got[n][:, s:] - ref[n][:, s:]).norm() / ref[n][:, s:].norm()).item() for n in names]
+            for s in starts}
 
 
 def compare_settings(model, token_blocks: torch.Tensor, settings: Sequence[str | dict | QuantSetting],
                      batch_size: int = 2, drift_blocks: int = 2, progress: bool = True) -> list[dict]:
     """One row per setting: perplexities (prefill and window-end), bits, causality flag, drift, time.
+
+    ``drift_*`` is the relative L2 error of the residual stream over all positions (dominated
+    by the BOS token's huge norm); ``drift_tokens_*`` leaves position 0 out.
 
     The float model is always evaluated first (as ``float``) and gives the reference columns.
     """
@@ -209,7 +224,8 @@ def compare_settings(model, token_blocks: torch.Tensor, settings: Sequence[str |
             nll = token_nll(model, token_blocks, batch_size=batch_size, progress=progress, desc=s.name)
         seconds = time.perf_counter() - t0
         float_nll = nll if float_nll is None else float_nll
-        drift = resid_drift(model, token_blocks[:drift_blocks], s) if s.name != "float" else []
+        drifts = resid_drifts(model, token_blocks[:drift_blocks], s) if s.name != "float" else {0: [], 1: []}
+        drift, drift_tokens = drifts[0], drifts[1]
         ends = window_end_positions(block_len, s.levels, s.sink_tokens)
         causal = s.mixes() != "sequence"
         rows.append({
@@ -223,7 +239,10 @@ def compare_settings(model, token_blocks: torch.Tensor, settings: Sequence[str |
             "delta_ppl": math.exp(nll.mean().item()) - math.exp(float_nll.mean().item()),
             "drift_mean": sum(drift) / len(drift) if drift else 0.0,
             "drift_last": drift[-1] if drift else 0.0,
+            "drift_tokens_mean": sum(drift_tokens) / len(drift_tokens) if drift_tokens else 0.0,
+            "drift_tokens_last": drift_tokens[-1] if drift_tokens else 0.0,
             "drift_per_layer": drift,
+            "drift_tokens_per_layer": drift_tokens,
             "seconds": seconds,
             "n_tokens": int(token_blocks.numel()),
         })
@@ -252,13 +271,14 @@ def quant_figure(rows: Sequence[dict], title: str = "Quantization"):
     """Plotly figure: perplexity per setting (left) and residual drift per layer (right)."""
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("perplexity (held-out text)", "relative L2 drift of resid_post"))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("perplexity (held-out text)",
+                                                        "relative L2 drift of resid_post (positions >= 1)"))
     names = [r["setting"] for r in rows]
     fig.add_bar(x=names, y=[r["ppl"] for r in rows], name="prefill ppl", row=1, col=1)
     fig.add_bar(x=names, y=[r["ppl_window_end"] for r in rows], name="window-end ppl (causal)", row=1, col=1)
     for r in rows:
-        if r["drift_per_layer"]:
-            fig.add_scatter(y=r["drift_per_layer"], mode="lines", name=r["setting"], row=1, col=2)
+        if r["drift_tokens_per_layer"]:
+            fig.add_scatter(y=r["drift_tokens_per_layer"], mode="lines", name=r["setting"], row=1, col=2)
     fig.update_xaxes(title_text="layer", row=1, col=2)
     fig.update_yaxes(type="log", row=1, col=2)
     fig.update_layout(title=title, barmode="group", height=500, width=1200)
@@ -291,7 +311,7 @@ def run_quant_eval(model: str = "smollm2-135m", settings: Sequence[str | dict] |
     if out is not None:
         folder = Path(out)
         folder.mkdir(parents=True, exist_ok=True)
-        flat = [{k: v for k, v in r.items() if k != "drift_per_layer"} for r in rows]
+        flat = [{k: v for k, v in r.items() if not k.endswith("per_layer")} for r in rows]
         with (folder / "results.csv").open("w", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=list(flat[0]))
             writer.writeheader()
