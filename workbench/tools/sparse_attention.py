@@ -14,7 +14,8 @@ Selectors (``make_selector``):
   each head's prefill keys (~16 keys per cluster, 10 iterations), clusters ranked by
   query·centroid, keys taken in that order (at least the top ``exact_frac``) until their
   exact mass reaches P of the total, where the mass of the keys not taken is estimated by
-  fitting ``a/x + b`` to the exp-scores of small samples near the 2 %, 10 % and 60 % ranks. Keys are clustered once at the
+  an ``a/x + b`` curve through the exp-scores of small samples near the 10 % and 60 % ranks
+  (bridged linearly to the exactly scored head, see ``Tactic.cutoff``). Keys are clustered once at the
   first decode step (Tactic re-clusters every 2048 steps; decodes here are shorter).
 - ``topk``: oracle top-k at a fixed budget (group-mean attention probability).
 - ``quest``: Quest page bounds -- pages of 16 keys, channel-wise min/max, pages ranked by
@@ -218,11 +219,11 @@ class Tactic(Selector):
     """Cumulative-mass selection approximated by key clustering and an ``a/x + b`` fit of the score tail."""
 
     def __init__(self, p: float = 0.9, cluster_size: int = 16, iters: int = 10, exact_frac: float = 0.02,
-                 fit_at: tuple[float, ...] = (0.02, 0.1, 0.6), fit_window: int = 8):
+                 fit_at: tuple[float, float] = (0.1, 0.6), fit_window: int = 8, bridge: bool = True):
         _check_p(p)
         _check_positive("cluster_size", cluster_size)
         self.p, self.cluster_size, self.iters = p, cluster_size, iters
-        self.exact_frac, self.fit_at, self.fit_window = exact_frac, fit_at, fit_window
+        self.exact_frac, self.fit_at, self.fit_window, self.bridge = exact_frac, fit_at, fit_window, bridge
         self.clusters: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def reset(self):
@@ -259,32 +260,36 @@ class Tactic(Selector):
         """How many keys to take, in order, from the ordered exp-scores ``e_ord [..., m]``.
 
         Keys taken are loaded and scored anyway, so their mass is exact; the mass of the keys
-        not taken is the ``a/x + b`` tail, least-squares fitted to small samples at ``fit_at``
-        ranks: 10 % and 60 % as in Tactic, plus the end of the exactly scored head (already
-        read), without which a tail that has died out by 10 % fits as zero and the head
-        between 2 % and 10 % is never taken. The first ``k`` keys suffice once
+        not taken is the ``a/x + b`` tail through two small samples near ranks 10 % and 60 %
+        (Tactic). With ``bridge`` (our addition), ranks between the exactly scored head (2 %)
+        and the first sample are interpolated linearly from the head's last value: otherwise
+        a tail that has died out by 10 % fits as zero and the keys between 2 % and 10 % of a
+        peaked head are never taken. The first ``k`` keys suffice once
         ``taken >= P * (taken + tail(k))``; keys beyond ``k`` outside the samples are never read.
         """
         m = e_ord.shape[-1]
         if self.p >= 1:  # every key has some mass: all of them
             return torch.full(e_ord.shape[:-1], m, dtype=torch.long, device=e_ord.device)
         x = torch.arange(1, m + 1, dtype=e_ord.dtype, device=e_ord.device)
-        inv_x, ys = [], []
-        for lo, hi in self.sample_slices(m):
-            ys.append(e_ord[..., lo:hi].mean(-1))
-            inv_x.append(2.0 / (lo + hi + 1))
-        u = torch.tensor(inv_x, dtype=e_ord.dtype, device=e_ord.device)
-        y = torch.stack(ys, -1)  # least squares of y = a*u + b over the samples
-        du = u - u.mean()
-        a = ((y - y.mean(-1, keepdim=True)) * du).sum(-1) / du.pow(2).sum().clamp_min(1e-30)
-        b = y.mean(-1) - a * u.mean()
-        fit = (a[..., None] / x + b[..., None]).clamp_min(0)
+        (lo1, hi1), (lo2, hi2) = self.sample_slices(m)
+        x1, x2 = (lo1 + hi1 + 1) / 2, (lo2 + hi2 + 1) / 2
+        y1, y2 = e_ord[..., lo1:hi1].mean(-1), e_ord[..., lo2:hi2].mean(-1)
+        a = (y1 - y2) / (1 / x1 - 1 / x2) if x1 != x2 else torch.zeros_like(y1)
+        b = y1 - a / x1
+        fit = a[..., None] / x + b[..., None]
+        top = max(1, math.ceil(self.exact_frac * m))  # Tactic always scores the head of the order
+        if self.bridge and top < x1:
+            # between the exactly scored head and the first sample, interpolate linearly from the
+            # head's last (already read) value, instead of trusting the a/x + b extrapolation
+            x0, y0 = float(top), e_ord[..., top - 1 : top].mean(-1)
+            w = ((x - x0) / (x1 - x0)).clamp(0, 1)
+            fit = torch.where(x < x1, (1 - w) * y0[..., None] + w * (a / x1 + b)[..., None], fit)
+        fit = fit.clamp_min(0)
         tail = fit.flip(-1).cumsum(-1).flip(-1) - fit  # fitted mass of ranks k+1..m, for k = 1..m
         taken = e_ord.cumsum(-1) + new_mass[..., None]
         done = taken >= self.p * (taken + tail)
         done[..., -1] = True
         k = done.float().argmax(-1) + 1
-        top = max(1, math.ceil(self.exact_frac * m))  # Tactic always scores the head of the order
         return k.clamp(min(top, m), m)
 
     def select(self, layer, scores, q, keys, n_prefill):
