@@ -267,6 +267,20 @@ def environment() -> dict:
             "torch_threads": torch.get_num_threads(), "packages": versions}
 
 
+def markdown_table(rows: Sequence[dict], columns: Sequence[str], digits: int = 3) -> str:
+    """A GitHub markdown table of ``columns`` from result rows (floats rounded)."""
+    def cell(v):
+        return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(r[c]) for c in columns) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+QUANT_COLUMNS = ("setting", "weight_bits", "act_bits", "mixes", "ppl", "ppl_window_end", "float_ppl_window_end",
+                 "drift_tokens_mean", "drift_tokens_last", "drift_last")
+
+
 def quant_figure(rows: Sequence[dict], title: str = "Quantization"):
     """Plotly figure: perplexity per setting (left) and residual drift per layer (right)."""
     from plotly.subplots import make_subplots
@@ -328,6 +342,10 @@ def run_quant_eval(model: str = "smollm2-135m", settings: Sequence[str | dict] |
             "rows": rows,
         }
         (folder / "results.json").write_text(json.dumps(record, indent=2))
+        (folder / "results.md").write_text(
+            f"{model}, {blocks.numel()} held-out tokens in blocks of {block_len}. ppl: full-sequence prefill; "
+            "ppl_window_end: causal positions only (see workbench.tools.evaluate); drift: relative L2 error "
+            "of resid_post vs float (tokens = without BOS).\n\n" + markdown_table(rows, QUANT_COLUMNS))
         quant_figure(rows, f"Quantization of {model} ({blocks.numel()} held-out tokens)").write_html(
             folder / "figure.html", include_plotlyjs="cdn")
     return rows

@@ -642,7 +642,7 @@ def run_attention_eval(model: str = "smollm2-135m", methods: Sequence[str] | Non
 
     from workbench.data.corpus import token_blocks
     from workbench.models import load_model
-    from workbench.tools.evaluate import environment
+    from workbench.tools.evaluate import environment, markdown_table
 
     methods = list(methods) if methods else ["full", "topp:0.9", "tactic:0.9", "topk:auto", "quest:auto",
                                              "streaming:auto", "h2o:auto"]
@@ -669,6 +669,11 @@ def run_attention_eval(model: str = "smollm2-135m", methods: Sequence[str] | Non
                                        "decode_steps": decode_steps, "seed": seed, "split": split, "source": source},
                   "environment": environment(), "rows": rows}
         (folder / "results.json").write_text(json.dumps(record, indent=2))
+        (folder / "results.md").write_text(
+            f"{model}: dense prefill of {context} held-out tokens, then {decode_steps} teacher-forced decode steps. "
+            "loaded: fraction of cached keys read per KV head; recall: attention mass kept; out_err: relative error "
+            "of the attention output; kl: KL(full || sparse) of the next-token distribution.\n\n"
+            + markdown_table(rows, ("method", "loaded", "recall", "out_err", "kl", "ppl", "ppl_full"), 4))
         attention_figure(rows, f"Sparse decode attention on {model}, {context}-token context").write_html(
             folder / "figure.html", include_plotlyjs="cdn")
     return rows
