@@ -200,3 +200,11 @@ def test_device_argument_routes_distances_through_torch():
     for da, db in zip(a.dgms, b.dgms, strict=True):
         np.testing.assert_array_equal(da, db)
     np.testing.assert_array_equal(h0_persistence(X, device="cpu"), h0_persistence(X))
+
+
+def test_full_h0_with_landmarks_is_the_exact_h0():
+    X = circle(300, noise=0.05, seed=13)
+    lm = rips_persistence(X, landmarks=50, full_h0=True)
+    assert lm.extras["h0"] == "full cloud" and len(lm.landmarks) == 50
+    np.testing.assert_array_equal(lm.dgms[0], rips_persistence(X, maxdim=0).dgms[0])
+    assert len(rips_persistence(X, landmarks=50).dgms[0]) == 50  # landmark H0 otherwise

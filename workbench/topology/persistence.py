@@ -230,6 +230,7 @@ def rips_persistence(
     landmark_method: str = "random",
     seed: int = 0,
     device: str | None = None,
+    full_h0: bool = False,
 ) -> PersistenceResult:
     """Vietoris–Rips persistence up to H``maxdim`` of a point cloud (or a distance matrix).
 
@@ -244,6 +245,9 @@ def rips_persistence(
     H0 always comes from the minimum spanning tree. Clouds too large for a full complex
     raise a WorkbenchError proposing landmarks or a threshold (``max_points`` overrides the limit).
     ``device="cuda"`` computes the distance matrix on the GPU (Triton kernel).
+    ``full_h0=True`` with landmarks takes H0 from the whole cloud's minimum spanning tree
+    (exact; landmark H0 is far off: fewer points, longer edges), so the error bound then
+    concerns H1 and up only (``extras["h0"] == "full cloud"``).
     """
     if maxdim < 0:
         raise WorkbenchError(f"maxdim must be >= 0; got {maxdim}")
@@ -257,26 +261,35 @@ def rips_persistence(
         P = _float(as_points(X))
         n_points = len(P)
     idx, radius = None, 0.0
+    full = None if distance_matrix else P
     if landmarks is not None and landmarks < n_points:
         idx, radius = choose_landmarks(P, int(landmarks), landmark_method, metric, seed)
         P = P[idx]
     n = len(D) if distance_matrix else len(P)
     check_rips_size(n, maxdim, thresh, max_points)
+
+    def result(dgms: list[np.ndarray], used: str) -> PersistenceResult:
+        extras = {}
+        if full_h0 and idx is not None:  # H0 of the whole cloud: exact, and cheap from its MST
+            dgms = [h0_persistence(full, metric, thresh, device=device), *dgms[1:]]
+            extras["h0"] = "full cloud"
+        return PersistenceResult(dgms, metric, n_points, thresh, idx, radius, used, extras=extras)
+
     if not distance_matrix and n > DENSE_H0_MAX:  # never the n x n matrix
         dgm0 = _diagram_from_deaths(mst_weights_blocked(P, metric=metric), thresh)
         if maxdim == 0:
-            return PersistenceResult([dgm0], metric, n_points, thresh, idx, radius, "mst-blocked")
+            return result([dgm0], "mst-blocked")
         # check_rips_size let a large cloud through only with a finite threshold: sparse edges.
         D = _sparse_distances(P, thresh, metric)
         dgms, used = _ripser_family(D, maxdim, thresh, n_threads, backend)
-        return PersistenceResult([dgm0, *dgms[1:]], metric, n_points, thresh, idx, radius, used + "-sparse")
+        return result([dgm0, *dgms[1:]], used + "-sparse")
     if not distance_matrix:
         D = dense_distances(P, metric, device)
     dgm0 = _diagram_from_deaths(mst_weights_dense(D), thresh)
     if maxdim == 0:
-        return PersistenceResult([dgm0], metric, n_points, thresh, idx, radius, "mst")
+        return result([dgm0], "mst")
     dgms, used = _ripser_family(D, maxdim, thresh, n_threads, backend)
-    return PersistenceResult([dgm0, *dgms[1:]], metric, n_points, thresh, idx, radius, used)
+    return result([dgm0, *dgms[1:]], used)
 
 
 def choose_landmarks(P, m: int, method: str = "maxmin", metric: str = "euclidean", seed: int = 0):

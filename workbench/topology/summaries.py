@@ -76,6 +76,7 @@ class RipsPersistence(TransformerMixin, BaseEstimator):
         n_threads=None,
         backend="auto",
         landmark_method="random",
+        full_h0=False,
     ):
         self.maxdim = maxdim
         self.metric = metric
@@ -84,6 +85,7 @@ class RipsPersistence(TransformerMixin, BaseEstimator):
         self.n_threads = n_threads
         self.backend = backend
         self.landmark_method = landmark_method
+        self.full_h0 = full_h0
 
     def fit(self, X, y=None):
         return self
@@ -101,6 +103,7 @@ class RipsPersistence(TransformerMixin, BaseEstimator):
                 n_threads=self.n_threads,
                 backend=self.backend,
                 landmark_method=self.landmark_method,
+                full_h0=self.full_h0,
             )
             for c in X
         ]
