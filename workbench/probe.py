@@ -103,6 +103,7 @@ def class_clouds(store, site: str, adversarial: str) -> tuple[np.ndarray, np.nda
 
 def analyze_layer(clean: np.ndarray, adv: np.ndarray, config: ProbeConfig, seed: int) -> dict:
     """The subsample protocol for one layer, plus one example diagram per class for the report."""
+    from workbench.topology.cli import diagrams_to_lists
     from workbench.topology.persistence import rips_persistence
     from workbench.topology.stats import compare_conditions
 
@@ -120,7 +121,7 @@ def analyze_layer(clean: np.ndarray, adv: np.ndarray, config: ProbeConfig, seed:
     for name, cloud in (("clean", clean), ("adversarial", adv)):
         rows = rng.choice(len(cloud), size=k, replace=False)
         result = rips_persistence(cloud[rows], maxdim=config.maxdim)
-        examples[name] = [[[float(b), (float(d) if np.isfinite(d) else None)] for b, d in dgm] for dgm in result.dgms]
+        examples[name] = diagrams_to_lists(result.dgms)
     return {
         "k": k, "n_clean": len(clean), "n_adversarial": len(adv), "features": cmp.names,
         "mean_clean": cmp.mean_a[0].tolist(), "mean_adversarial": cmp.mean_b[0].tolist(),

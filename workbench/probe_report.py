@@ -6,10 +6,7 @@ import numpy as np
 
 from workbench.probe import COMPRESSION_SIGNATURE, summary_table
 from workbench.report import html_table, write_html
-
-
-def _diagram(pairs) -> list[np.ndarray]:
-    return [np.array([[b, np.inf if d is None else d] for b, d in dgm], dtype=float).reshape(-1, 2) for dgm in pairs]
+from workbench.topology.cli import diagrams_from_lists
 
 
 def auc_figure(result: dict, title: str):
@@ -69,7 +66,7 @@ def betti_figure(layer_result: dict, title: str, dim: int = 1):
 
     from workbench.topology.summaries import BettiCurve
 
-    diagrams = {name: _diagram(d) for name, d in layer_result["example_diagrams"].items()}
+    diagrams = {name: diagrams_from_lists(d) for name, d in layer_result["example_diagrams"].items()}
     fig = go.Figure()
     if any(len(d) <= dim for d in diagrams.values()):
         return fig
@@ -117,7 +114,7 @@ def write_probe_html(report: dict, path) -> None:
         ]
         for name, pairs in layer["example_diagrams"].items():
             sections.append((f"{condition}: layer {best}, one {name} subsample (k={layer['k']})",
-                             diagram_figure(_diagram(pairs), f"{name}, layer {best}")))
+                             diagram_figure(diagrams_from_lists(pairs), f"{name}, layer {best}")))
         sections.append((f"{condition}: Betti curves at layer {best}", betti_figure(layer, "H1 Betti curves")))
         if result.get("neuron_flow"):
             sections.append((f"{condition}: neuron-level flow", flow_figure(result["neuron_flow"], "neuron-pair clouds")))

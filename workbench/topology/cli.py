@@ -41,11 +41,24 @@ def load_points(path) -> np.ndarray:
     return data
 
 
+def diagrams_to_lists(dgms) -> list:
+    """Diagrams as JSON-ready nested lists, infinite deaths as None (JSON null)."""
+    return [[[float(b), None if math.isinf(d) else float(d)] for b, d in dgm] for dgm in dgms]
+
+
+def diagrams_from_lists(lists) -> list[np.ndarray]:
+    """The inverse of ``diagrams_to_lists``: one (n, 2) float array per dimension, null deaths back to inf."""
+    return [
+        np.array([[b, np.inf if d is None else d] for b, d in dgm], dtype=np.float64).reshape(-1, 2)
+        for dgm in lists
+    ]
+
+
 def save_diagrams(result, path) -> dict:
     """Write a PersistenceResult as JSON (inf deaths as null); returns the written document."""
     doc = {
         "format": FORMAT,
-        "dgms": [[[float(b), None if math.isinf(d) else float(d)] for b, d in dgm] for dgm in result.dgms],
+        "dgms": diagrams_to_lists(result.dgms),
         "infinite_death": None,
         "metric": result.metric,
         "complex": result.complex,
@@ -63,11 +76,7 @@ def save_diagrams(result, path) -> dict:
 
 def load_diagrams(path) -> list[np.ndarray]:
     """Diagrams from a ``diagrams.json`` (null deaths back to inf), one (n, 2) array per dimension."""
-    doc = json.loads(Path(path).read_text())
-    return [
-        np.array([[b, np.inf if d is None else d] for b, d in dgm], dtype=np.float64).reshape(-1, 2)
-        for dgm in doc["dgms"]
-    ]
+    return diagrams_from_lists(json.loads(Path(path).read_text())["dgms"])
 
 
 def run_topology_file(
