@@ -246,6 +246,31 @@ def topology(
     typer.echo(f"wrote {summary['files']['diagrams']} and {summary['files']['plot']}")
 
 
+study_app = typer.Typer(help="Studies: grids of independent jobs, in-process or on Ray.", no_args_is_help=True)
+app.add_typer(study_app, name="study")
+
+
+@study_app.command("run")
+def study_run(
+    config: Annotated[Path, typer.Argument(help="studies/NAME/config.yaml")],
+    engine: Annotated[str, typer.Option(help="local (in-process) or ray")] = "local",
+    address: Annotated[str | None, typer.Option(help="join an existing Ray cluster (default: start a local one)")] = None,
+    retries: Annotated[int, typer.Option(help="retries of a failed job before it is reported")] = 1,
+    out: Annotated[Path | None, typer.Option(help="results folder (default: results/ beside the config)")] = None,
+):
+    """Run every job of a study not already cached; write results.csv and results.json."""
+    from workbench.study import run_study, write_results
+
+    outcome = run_study(config, engine=engine, address=address, retries=retries)
+    folder = write_results(outcome, out or Path(config).parent / "results")
+    done = len(outcome["jobs"]) - len(outcome["failed"])
+    typer.echo(f"study {outcome['name']}: {done}/{len(outcome['jobs'])} jobs done -> {folder}/results.csv")
+    for failed in outcome["failed"]:
+        typer.echo(f"  failed {failed['params']}: {failed['error']}", err=True)
+    if outcome["failed"]:
+        raise typer.Exit(1)
+
+
 def main() -> None:
     """Console entry point: user errors print one line (``--debug`` for the traceback)."""
     try:

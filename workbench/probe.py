@@ -278,3 +278,20 @@ def summary_table(report: dict) -> list[dict]:
                 "signature": sum(v == "agrees" for v in r["signature"].values()),
             })
     return rows
+
+
+def report_rows(report: dict) -> list[dict]:
+    """One row per condition and layer: AUCs and, per signature feature, class means, g with CI, q, verdict."""
+    rows = []
+    for condition, result in report["conditions"].items():
+        for layer, r in result["layers"].items():
+            row = {"model": report["model"].get("name"), "condition": condition, "layer": int(layer), "k": r["k"],
+                   "auc_ph": r["auc_topology"], "auc_probe_rows": r["auc_probe_rows"],
+                   "auc_probe_means": r["auc_probe_means"], "n_moved": len(r["moved"])}
+            for feature in COMPRESSION_SIGNATURE:
+                i = r["features"].index(feature)
+                row |= {f"{feature}_clean": r["mean_clean"][i], f"{feature}_attack": r["mean_adversarial"][i],
+                        f"{feature}_g": r["g"][i], f"{feature}_g_low": r["g_low"][i], f"{feature}_g_high": r["g_high"][i],
+                        f"{feature}_q": r["q_perm"][i], f"{feature}_verdict": r["signature"][feature]}
+            rows.append(row)
+    return rows

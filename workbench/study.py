@@ -1,0 +1,199 @@
+"""Studies as grids of independent jobs: run in-process, or hand the same jobs to Ray.
+
+A study config (YAML) names a job function and a grid::
+
+    name: topological_compression
+    seed: 0
+    job: workbench.study_jobs:probe          # module:function(params: dict, work: Path) -> dict
+    grid: {model: [smollm2-135m, gemma3-270m], condition: [injection]}
+    fixed: {n_pairs: 300, layers: every-2}   # passed to every job
+
+Every grid point becomes a job whose id is a hash of its parameters. A finished job's
+result is cached as JSON and never recomputed; a failed job is retried, then reported
+with its error, and the others still run. The engines run the same function on the
+same parameters, so they give the same numbers; scheduling is Ray's, not ours.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import itertools
+import json
+import logging
+import traceback
+from pathlib import Path
+
+from workbench.errors import WorkbenchError
+from workbench.store import write_json_atomic
+
+log = logging.getLogger(__name__)
+ENGINES = ("local", "ray")
+
+
+def load_config(path: str | Path) -> dict:
+    import yaml
+
+    path = Path(path)
+    if not path.exists():
+        raise WorkbenchError(f"study config {path} does not exist")
+    try:
+        config = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise WorkbenchError(f"{path} is not valid YAML ({str(exc).splitlines()[0]})") from None
+    for key in ("job", "grid"):
+        if key not in (config or {}):
+            raise WorkbenchError(f"{path} has no '{key}': a study config needs 'job: module:function' and a 'grid'")
+    config.setdefault("name", path.parent.name)
+    config.setdefault("seed", 0)
+    config.setdefault("fixed", {})
+    return config
+
+
+def expand(config: dict) -> list[dict]:
+    """The grid's cartesian product, in config order, each with ``seed`` and the fixed parameters."""
+    grid = config["grid"]
+    if not isinstance(grid, dict) or not grid:
+        raise WorkbenchError("'grid' must map parameter names to lists of values")
+    keys = list(grid)
+    values = [v if isinstance(v, list) else [v] for v in grid.values()]
+    if any(not v for v in values):
+        raise WorkbenchError("every grid parameter needs at least one value")
+    jobs = []
+    for combo in itertools.product(*values):
+        params = {"seed": config["seed"], **config["fixed"], **dict(zip(keys, combo, strict=True))}
+        jobs.append(params)
+    return jobs
+
+
+def job_id(job: str, params: dict) -> str:
+    return hashlib.sha256(json.dumps([job, params], sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def resolve_job(spec: str):
+    module, _, name = spec.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise WorkbenchError(f"study job {spec!r} not found ({exc}): use 'package.module:function'") from None
+    return fn
+
+
+def _run_one(job: str, params: dict, work: str, retries: int) -> dict:
+    """Run one job with retries; never raises, so one failure cannot stop the grid."""
+    fn = resolve_job(job)
+    error = None
+    for attempt in range(retries + 1):
+        try:
+            result = fn(dict(params), Path(work))
+            return {"status": "done", "params": params, "result": result, "attempts": attempt + 1}
+        except Exception as exc:  # a job's failure is data for the report, not a crash of the study
+            error = f"{type(exc).__name__}: {exc}"
+            log.warning("job %s attempt %d failed: %s", params, attempt + 1, error)
+            detail = traceback.format_exc(limit=3)
+    return {"status": "failed", "params": params, "error": error, "traceback": detail, "attempts": retries + 1}
+
+
+def run_study(
+    config_path: str | Path,
+    engine: str = "local",
+    address: str | None = None,
+    retries: int = 1,
+    cache: str | Path | None = None,
+    progress: bool = True,
+) -> dict:
+    """Run every job of the study not already cached; returns {"jobs": [...], "failed": [...]}."""
+    from tqdm.auto import tqdm
+
+    from workbench.paths import cache_dir
+
+    if engine not in ENGINES:
+        raise WorkbenchError(f"unknown engine {engine!r}: use local or ray")
+    config = load_config(config_path)
+    resolve_job(config["job"])  # fail before starting anything
+    jobs = expand(config)
+    folder = Path(cache) if cache else cache_dir("studies", config["name"], "jobs")
+    folder.mkdir(parents=True, exist_ok=True)
+    records: dict[str, dict] = {}
+    todo = []
+    for params in jobs:
+        jid = job_id(config["job"], params)
+        path = folder / f"{jid}.json"
+        if path.exists():
+            cached = json.loads(path.read_text())
+            if cached.get("status") == "done":
+                records[jid] = cached
+                continue
+        todo.append((jid, params))
+    bar = tqdm(total=len(jobs), initial=len(records), desc=f"study {config['name']}", unit="job", disable=not progress)
+    work = str(folder.parent / "work")
+
+    def finish(jid, outcome):
+        write_json_atomic(folder / f"{jid}.json", outcome)
+        records[jid] = outcome
+        bar.update(1)
+
+    try:
+        if engine == "local":
+            for jid, params in todo:
+                finish(jid, _run_one(config["job"], params, work, retries))
+        else:
+            _run_ray(config["job"], todo, work, retries, address, finish)
+    finally:
+        bar.close()
+    ordered = [records[job_id(config["job"], p)] for p in jobs]
+    return {"name": config["name"], "jobs": ordered, "failed": [r for r in ordered if r["status"] != "done"]}
+
+
+def _run_ray(job: str, todo: list, work: str, retries: int, address: str | None, finish) -> None:
+    try:
+        import ray
+    except ImportError:
+        raise WorkbenchError("the ray engine needs Ray: pip install 'workbench[ray]'") from None
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    try:
+        remote = ray.remote(_run_one)
+        pending = {remote.remote(job, params, work, retries): jid for jid, params in todo}
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                finish(pending.pop(ref), ray.get(ref))
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def results_table(outcome: dict) -> list[dict]:
+    """One row per finished job: its parameters, then its scalar results (lists of rows are expanded)."""
+    rows = []
+    for record in outcome["jobs"]:
+        if record["status"] != "done":
+            continue
+        result = record["result"]
+        for row in (result if isinstance(result, list) else [result]):
+            rows.append({**record["params"], **{k: v for k, v in row.items() if not isinstance(v, (dict, list))}})
+    return rows
+
+
+def write_results(outcome: dict, out: str | Path) -> Path:
+    """``results.csv`` and ``results.json`` (with versions) in ``out``."""
+    import csv
+
+    from workbench.report import versions
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = results_table(outcome)
+    if rows:
+        columns = list(dict.fromkeys(k for row in rows for k in row))
+        tmp = out / "results.csv.tmp"
+        with open(tmp, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(rows)
+        tmp.replace(out / "results.csv")
+    write_json_atomic(out / "results.json", {"name": outcome["name"], "versions": versions(), "rows": rows,
+                                             "failed": outcome["failed"]})
+    return out
