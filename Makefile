@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.workbench-installed
 
-.PHONY: setup probe test lint bench clean
+.PHONY: setup probe test app bench clean browser
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,12 +18,22 @@ $(STAMP): pyproject.toml Makefile
 
 setup: $(STAMP)
 
+# Debian's Chromium drives the app's end-to-end browser test (no browser download at test time).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "chromium not installed (needs root + apt): the browser test will be skipped"; fi; }
+
 probe: setup
 	$(BIN)/workbench probe $(ARGS)
 
-test: setup
+test: setup browser
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest $(ARGS)
+
+app: setup
+	$(BIN)/streamlit run apps/main.py
 
 bench: setup
 	$(BIN)/python bench/run_all.py $(ARGS)
