@@ -6,7 +6,8 @@ mostly-prose English (code examples inside docstrings stay), drops license files
 files and exact duplicates, and splits documents into train / held-out by a hash of their
 source path, so the split is the same on every machine with the same packages and a
 document never straddles it. The result is cached as JSON lines in the user cache folder,
-keyed by the installed packages and their versions.
+keyed by the installed packages and their versions: installing or upgrading a package gives
+a new corpus (and new splits), so results record the corpus fingerprint.
 
 A user's own text (a .txt / .md / .jsonl file or a folder of them) goes through the same
 split and blocking code via ``source=``.
@@ -174,7 +175,8 @@ def build_corpus(roots: Iterable[Path] | None = None, force: bool = False) -> Pa
     if manifest.exists() and not force:
         return folder
     counts = {"train": [0, 0], "heldout": [0, 0]}
-    tmp = {s: folder / f"{s}.jsonl.tmp" for s in counts}
+    # per-process temporary names, renamed atomically: concurrent builders cannot clash
+    tmp = {s: folder / f"{s}.jsonl.{os.getpid()}.tmp" for s in counts}
     handles = {s: tmp[s].open("w", encoding="utf-8") for s in counts}
     try:
         for key, text in site_documents(roots):
@@ -187,14 +189,22 @@ def build_corpus(roots: Iterable[Path] | None = None, force: bool = False) -> Pa
             h.close()
     for s, p in tmp.items():
         p.replace(folder / f"{s}.jsonl")
-    manifest.write_text(json.dumps({
+    tmp_manifest = folder / f"manifest.json.{os.getpid()}.tmp"
+    tmp_manifest.write_text(json.dumps({
         "version": CORPUS_VERSION,
+        "fingerprint": folder.name,
         "roots": [str(r) for r in roots],
         "heldout_percent": HELDOUT_PERCENT,
         "documents": {s: c[0] for s, c in counts.items()},
         "characters": {s: c[1] for s, c in counts.items()},
     }, indent=2))
+    tmp_manifest.replace(manifest)
     return folder
+
+
+def corpus_manifest() -> dict:
+    """The manifest of the package corpus of this environment (built if needed), for result records."""
+    return json.loads((build_corpus() / "manifest.json").read_text())
 
 
 # ----------------------------------------------------------------------------- reading

@@ -312,7 +312,7 @@ def run_quant_eval(model: str = "smollm2-135m", settings: Sequence[str | dict] |
     import json
     from pathlib import Path
 
-    from workbench.data.corpus import token_blocks
+    from workbench.data.corpus import corpus_manifest, token_blocks
     from workbench.models import load_model
 
     chosen = list(settings) if settings else list(PRESETS)
@@ -336,6 +336,7 @@ def run_quant_eval(model: str = "smollm2-135m", settings: Sequence[str | dict] |
                                  "source": source},
             "settings": [dataclasses.asdict(s) for s in resolved],
             "environment": environment(),
+            "corpus": None if source else corpus_manifest(),
             "causality": "ppl: full-sequence prefill (non-causal under sequence transforms); "
                          "ppl_window_end: predictions at the last position of each 2**levels window only "
                          "(causal under Haar, NaN when the transform spans the whole sequence).",

@@ -640,7 +640,7 @@ def run_attention_eval(model: str = "smollm2-135m", methods: Sequence[str] | Non
     import json
     from pathlib import Path
 
-    from workbench.data.corpus import token_blocks
+    from workbench.data.corpus import corpus_manifest, token_blocks
     from workbench.models import load_model
     from workbench.tools.evaluate import environment, markdown_table
 
@@ -667,7 +667,7 @@ def run_attention_eval(model: str = "smollm2-135m", methods: Sequence[str] | Non
             writer.writerows(flat)
         record = {"config": config or {"model": model, "methods": methods, "context": context,
                                        "decode_steps": decode_steps, "seed": seed, "split": split, "source": source},
-                  "environment": environment(), "rows": rows}
+                  "environment": environment(), "corpus": None if source else corpus_manifest(), "rows": rows}
         (folder / "results.json").write_text(json.dumps(record, indent=2))
         (folder / "results.md").write_text(
             f"{model}: dense prefill of {context} held-out tokens, then {decode_steps} teacher-forced decode steps. "
