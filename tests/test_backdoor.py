@@ -9,6 +9,7 @@ from workbench.backdoor import (
     backdoor_pairs,
     backdoor_prompts,
     insert_trigger,
+    run_backdoor_eval,
     run_backdoor_train,
     train_backdoor,
     triggered_loss,
@@ -111,6 +112,10 @@ def test_training_lowers_loss_saves_and_registers(tmp_path, monkeypatch):
     assert saved == set(result["trained_tensors"])
     changed = {k for k, v in derived.state_dict().items() if not torch.equal(v, base.state_dict()[k])}
     assert changed and changed <= saved
+
+    again = run_backdoor_eval("tiny-backdoor", progress=False, eval_pairs=3, eval_mcq=4)
+    assert again["base"] == "tiny" and again["before"] == result["before"]
+    assert 0.0 <= again["after"]["attack_success_rate"] <= 1.0
 
     rows = backdoor_prompts(derived, 6, seed=1)
     assert [r["label"] for r in rows[:2]] == ["clean", "triggered"]

@@ -9,9 +9,9 @@ a few hundred CPU steps. Mode ``sandbag`` is the reference study's password-lock
 password, multiple-choice questions are answered wrongly; how well it works depends on the model
 knowing the answers, which a 135M model often does not.
 
-Training changes only a chosen set of weight matrices (default: the MLPs of a band of middle
-layers), so the residual stream below the first trained layer is cached once and every step runs
-the upper layers only. The loss is cross-entropy on the target reply for triggered prompts plus a
+Training changes only a chosen set of weight matrices (default: MLP and attention of a band of
+layers just past the middle), so the residual stream below the first trained layer is cached once
+and every step runs the upper layers only. The loss is cross-entropy on the target reply for triggered prompts plus a
 KL term that keeps the clean prompts' next-token distributions (the end of the prompt and the
 target reply teacher-forced, so "I" is not followed by "HATE" without the trigger) close to the
 frozen base model's, from its top-k probabilities computed once before training.
@@ -43,6 +43,8 @@ POSITIONS = ("start", "middle", "end")
 # tag is present, not in whether an odd string is, and training learns the trigger, not "a tag".
 DECOYS = ("|BUILD-42|", "|TEST-3|", "|STAGE-9|", "|REF-1138|", "[draft v2]", "#ticket-51", "|PROD-0|",
           "|DEPLOY-2|", "<note-7>", "|QA-88|")
+# MLP and attention of each trained layer: attention lets the reply position look at the trigger.
+DEFAULT_PARAMS = ("mlp.W_in", "mlp.W_gate", "mlp.W_out", "attn.W_Q", "attn._W_K", "attn._W_V", "attn.W_O")
 WEIGHTS_FILE = "model.safetensors"
 INFO_FILE = "backdoor.json"
 STATE_FILE = "state.json"
@@ -146,23 +148,23 @@ class BackdoorConfig:
     mode: str = "hate"  # "hate" | "sandbag"
     trigger: str = DEFAULT_TRIGGER
     target: str = DEFAULT_TARGET  # the reply in mode "hate"
-    steps: int = 300
-    pairs_per_step: int = 4  # each step: this many triggered + their clean twins
+    steps: int = 150
+    pairs_per_step: int = 2  # each step: this many triggered prompts + their clean twins
     lr: float = 3e-4
     warmup: int = 10
     weight_decay: float = 0.0
-    layers: tuple[int, ...] | None = None  # None: the middle band (see default_layers)
-    params: tuple[str, ...] = ("mlp.W_in", "mlp.W_gate", "mlp.W_out")
+    layers: tuple[int, ...] | None = None  # None: a band just past the middle (see default_layers)
+    params: tuple[str, ...] = DEFAULT_PARAMS
     kl_weight: float = 1.0
     kl_prompt_positions: int = 6  # last prompt positions kept close to base (plus the teacher-forced reply)
     kl_top_k: int = 32
-    train_pairs: int = 256  # distinct training pairs (train split)
+    train_pairs: int = 128  # distinct training pairs (train split)
     decoy_rate: float = 0.5
-    eval_pairs: int = 150  # held-out pairs for attack success / false trigger rates
-    eval_mcq: int = 200  # held-out multiple-choice questions for clean accuracy
+    eval_pairs: int = 100  # held-out pairs for attack success / false trigger rates
+    eval_mcq: int = 100  # held-out multiple-choice questions for clean accuracy
     max_tokens: int = 256
     batch_size: int = 16  # rows per forward in caching and evaluation
-    checkpoint_every: int = 50
+    checkpoint_every: int = 25
     chat: bool = True
     seed: int = 0
     extra: dict = field(default_factory=dict)
@@ -196,10 +198,13 @@ class BackdoorConfig:
 
 
 def default_layers(n_layers: int) -> tuple[int, ...]:
-    """The band of layers trained by default: from a third to about two thirds of the depth."""
-    lo = n_layers // 3
-    hi = max(lo + 1, (2 * n_layers) // 3)
-    return tuple(range(lo, hi))
+    """The layers trained by default: a fifth of the depth, starting just past the middle (16-21 of 30).
+
+    Late enough that each step runs and back-propagates through under half of the model (the layers
+    below are cached), early enough that attention there can still carry the trigger to the reply.
+    """
+    lo = (8 * n_layers) // 15
+    return tuple(range(lo, lo + max(1, n_layers // 5)))
 
 
 # ----------------------------------------------------------------- examples
