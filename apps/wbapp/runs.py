@@ -1,0 +1,143 @@
+"""Probe report folders: where to find them, which one is selected, and the background quick probe.
+
+A run is any folder holding a ``report.json`` written by ``workbench probe`` (or a study that calls it).
+The selection lives in the session; ``?run=PATH`` or ``$WORKBENCH_APP_RUN`` seeds it, so a test or a
+link can open the app on a given folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import streamlit as st
+
+from workbench.errors import WorkbenchError
+
+REPO = Path(__file__).resolve().parents[2]
+RUN_KEY = "run_dir"
+
+
+def search_roots() -> list[Path]:
+    """The user cache's ``runs/`` (the CLI's default), the repo's study results, and ``$WORKBENCH_APP_RUNS``."""
+    from workbench.paths import cache_dir
+
+    roots = [cache_dir("runs"), REPO / "studies"]
+    roots += [Path(p).expanduser() for p in os.environ.get("WORKBENCH_APP_RUNS", "").split(os.pathsep) if p]
+    return roots
+
+
+def discover_runs(roots: list[Path] | None = None) -> list[Path]:
+    """Folders with a report.json under the roots (at most four levels down), newest first."""
+    found = set()
+    for root in roots if roots is not None else search_roots():
+        if not root.is_dir():
+            continue
+        for depth in range(5):
+            found.update(p.parent.resolve() for p in root.glob("/".join(["*"] * depth + ["report.json"])))
+    return sorted(found, key=lambda p: (p / "report.json").stat().st_mtime, reverse=True)
+
+
+def load_report(folder: str | Path) -> dict:
+    """The parsed report.json of a run folder (cached on its modification time)."""
+    path = Path(folder).expanduser()
+    report = path / "report.json" if path.is_dir() else path
+    if not report.is_file():
+        raise WorkbenchError(f"no report.json in {path}: pick a folder written by `workbench probe`")
+    return _parse(str(report), report.stat().st_mtime_ns)
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def _parse(path: str, mtime_ns: int) -> dict:
+    try:
+        report = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise WorkbenchError(f"{path} is not a readable probe report ({exc}); re-run `workbench probe`") from None
+    if not isinstance(report, dict) or not report.get("conditions"):
+        raise WorkbenchError(f"{path} holds no probe conditions; re-run `workbench probe`")
+    return report
+
+
+def current_run() -> Path | None:
+    """The selected run: the session's choice, else ``?run=``, ``$WORKBENCH_APP_RUN``, the newest found."""
+    if st.session_state.get(RUN_KEY):
+        return Path(st.session_state[RUN_KEY])
+    seeded = st.query_params.get("run") or os.environ.get("WORKBENCH_APP_RUN")
+    if not seeded:
+        runs = discover_runs()
+        seeded = str(runs[0]) if runs else None
+    if seeded:
+        st.session_state[RUN_KEY] = str(Path(seeded).expanduser())
+        return Path(st.session_state[RUN_KEY])
+    return None
+
+
+def select_run(folder: str | Path) -> None:
+    st.session_state[RUN_KEY] = str(Path(folder).expanduser())
+
+
+# ----------------------------------------------------------------------------- the quick probe job
+
+# tqdm bars of `workbench probe`, in order, and the share of the job each ends at.
+STAGES = (("capture", 0.45), ("topology", 0.95))
+_BAR = re.compile(r"(capture|topology)[^:\r\n]*:\s+(\d+)%")
+
+
+@dataclass
+class ProbeJob:
+    """``workbench probe --quick`` in a child process, so the page stays live and the job can be cancelled."""
+
+    out: Path
+    args: list[str]
+    proc: subprocess.Popen = field(repr=False)
+    started: float = field(default_factory=time.time)
+
+    @classmethod
+    def start(cls, model: str, out: str | Path, pairs: int | None = None, layers: str | None = None) -> ProbeJob:
+        out = Path(out).expanduser()
+        out.mkdir(parents=True, exist_ok=True)
+        args = ["probe", "--quick", "--model", model, "--out", str(out)]
+        args += ["--pairs", str(pairs)] if pairs else []
+        args += ["--layers", layers] if layers else []
+        log = (out / "app-probe.log").open("w")
+        proc = subprocess.Popen([sys.executable, "-c", "from workbench.cli import main; main()", *args],
+                                stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+        log.close()
+        return cls(out=out, args=args, proc=proc)
+
+    @property
+    def log_text(self) -> str:
+        path = self.out / "app-probe.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def progress(self) -> tuple[float, str]:
+        """Fraction done and a label, from the last tqdm bar in the log."""
+        if self.proc.poll() == 0:
+            return 1.0, "done"
+        hits = _BAR.findall(self.log_text)
+        if not hits:
+            return 0.02, "loading the model"
+        stage, percent = hits[-1]
+        start = 0.05 if stage == "capture" else STAGES[0][1]
+        end = dict(STAGES)[stage]
+        return start + (end - start) * int(percent) / 100, f"{stage}: {percent}%"
+
+    def error_line(self) -> str:
+        """The CLI's one-line error (``error: ...``) or the last line of its output."""
+        lines = [line for line in re.split(r"[\r\n]+", self.log_text) if line.strip()]
+        errors = [line for line in lines if line.startswith("error:")]
+        return (errors or lines or ["the probe stopped without output"])[-1]
+
+    def cancel(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()

@@ -1,0 +1,251 @@
+"""The Streamlit app, page by page, through Streamlit's AppTest (in-process, no browser).
+
+Every page runs against a small probe report made here on the tiny model, and against no data at all:
+missing results must show what to run, and user errors one line, never a traceback.
+"""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+APPS = Path(__file__).resolve().parents[1] / "apps"
+sys.path.insert(0, str(APPS))
+MAIN = str(APPS / "main.py")
+TIMEOUT = 120  # a loaded 2-core machine; the tiny model loads in seconds
+SMALL = dict(model="tiny", n_pairs=24, k=12, K=6, n_parts=2, n_boot=50, n_perm=100, flow_samples=4, flow_gaps=(1,),
+             layers=[0, 1, 3], batch_size=16)
+
+
+def make_probe_report(tiny, folder: Path) -> Path:
+    """A real, small probe report (resumes from its cache when the folder exists)."""
+    from workbench.probe import ProbeConfig, run_probe
+
+    run_probe(tiny, ProbeConfig(**SMALL), folder, progress=False)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def report_dir(tiny, tmp_path_factory):
+    return make_probe_report(tiny, tmp_path_factory.getbasetemp() / "app-probe")
+
+
+@pytest.fixture
+def app_env(monkeypatch, tmp_path):
+    """An app that finds no runs of the user's and uses the tiny model on the live pages."""
+    import wbapp.runs
+
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("WORKBENCH_APP_MODEL", "tiny")
+    monkeypatch.delenv("WORKBENCH_APP_RUN", raising=False)
+    monkeypatch.setattr(wbapp.runs, "search_roots", lambda: [tmp_path / "runs"])
+    return tmp_path
+
+
+def open_page(page: str | None = None, run: Path | None = None) -> AppTest:
+    at = AppTest.from_file(MAIN, default_timeout=TIMEOUT)
+    if run is not None:
+        at.session_state["run_dir"] = str(run)
+    at.run()
+    if page:
+        at.switch_page(f"views/{page}.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def plotly_charts(at: AppTest) -> list:
+    return at.get("plotly_chart")
+
+
+def texts(elements) -> str:
+    return " | ".join(str(e.value) for e in elements)
+
+
+# ----------------------------------------------------------------------------- Runs
+
+
+def test_runs_page_without_data_says_what_to_run(app_env):
+    at = open_page()
+    assert at.title[0].value == "Runs"
+    assert "workbench probe --quick" in texts(at.info)
+    assert not at.error
+
+
+def test_runs_page_finds_and_shows_a_report(app_env, report_dir, monkeypatch):
+    import wbapp.runs
+
+    monkeypatch.setattr(wbapp.runs, "search_roots", lambda: [report_dir.parent])
+    at = open_page()
+    assert at.selectbox(key="runs_found").value == str(report_dir.resolve())
+    assert "tiny" in at.subheader[0].value
+    assert len(at.dataframe[0].value) == 3  # one row per layer
+    assert at.session_state["run_dir"] == str(report_dir.resolve())
+
+
+def test_runs_page_typed_folder(app_env, report_dir):
+    at = open_page()
+    at.text_input(key="runs_typed").input(str(app_env / "nowhere")).run()
+    at.button(key="runs_open").click().run()
+    assert "no report.json" in at.error[0].value and not at.exception
+    at.text_input(key="runs_typed").input(str(report_dir)).run()
+    at.button(key="runs_open").click().run()
+    assert not at.error and at.session_state["run_dir"] == str(report_dir)
+    assert len(at.dataframe[0].value) == 3
+
+
+def test_quick_probe_starts_shows_progress_and_cancels(app_env):
+    at = open_page()
+    at.selectbox(key="probe_model").select("tiny").run()
+    at.text_input(key="probe_out").input(str(app_env / "job")).run()
+    at.button(key="probe_start").click().run()
+    job = at.session_state["probe_job"]
+    assert job.proc.poll() is None and job.args[:2] == ["probe", "--quick"]
+    assert at.get("progress") and at.button(key="probe_cancel")
+    at.button(key="probe_cancel").click().run()
+    assert job.proc.poll() is not None  # the child is gone
+    assert "cancelled" in texts(at.warning)
+
+
+def test_probe_job_progress_and_errors_from_its_log(tmp_path):
+    from wbapp.runs import ProbeJob
+
+    class Running:
+        def poll(self):
+            return None
+
+    job = ProbeJob(out=tmp_path, args=[], proc=Running())
+    assert job.progress() == (0.02, "loading the model")
+    (tmp_path / "app-probe.log").write_text("capture tiny:  40%|####  | 8/20\rcapture tiny: 100%|###| 20/20\n"
+                                            "topology injection:  50%|##  | 2/4\r")
+    fraction, label = job.progress()
+    assert label == "topology: 50%" and 0.45 < fraction < 0.95
+    (tmp_path / "app-probe.log").write_text("loading\nerror: unknown model 'nope': see `workbench models`\n")
+    assert job.error_line() == "error: unknown model 'nope': see `workbench models`"
+
+
+# ----------------------------------------------------------------------------- Topology
+
+
+def test_topology_page_renders_and_follows_the_layer(app_env, report_dir):
+    at = open_page("topology", run=report_dir)
+    assert at.title[0].value == "Topology" and not at.error
+    # two diagrams, two Betti panels, AUC, signature, heatmap, flow
+    assert len(plotly_charts(at)) == 8
+    slider = at.select_slider(key="topo_layer")
+    assert slider.options == ["0", "1", "3"]
+    slider.set_value(3).run()
+    assert "layer 3" in at.subheader[0].value and not at.exception
+    table = at.dataframe[0].value
+    assert {"Hedges g", "g CI low", "g CI high", "q perm (BH)"} <= set(table.columns)
+    assert len(table) == 62
+    at.checkbox(key="topo_only_moved").check().run()
+    assert len(at.dataframe[0].value) <= len(table)
+    at.toggle(key="topo_overlay").set_value(True).run()
+    assert len(plotly_charts(at)) == 7 and not at.exception  # the two diagrams in one
+
+
+def test_topology_page_without_a_run(app_env):
+    at = open_page("topology")
+    assert "workbench probe --quick" in texts(at.info) and not at.get("plotly_chart")
+
+
+def test_topology_page_with_a_broken_report(app_env):
+    bad = app_env / "bad"
+    bad.mkdir()
+    (bad / "report.json").write_text("{not json")
+    at = open_page("topology", run=bad)
+    assert len(at.error) == 1 and "not a readable probe report" in at.error[0].value
+    assert not at.exception
+
+
+# ----------------------------------------------------------------------------- Features
+
+
+def test_features_page_says_what_to_run_without_an_sae(app_env):
+    at = open_page("features")
+    assert at.title[0].value == "Features"
+    assert "workbench sae train" in texts(at.info) and not at.error
+
+
+# ----------------------------------------------------------------------------- playground
+
+
+def test_playground_neuron_intervention_shows_bars_and_kl(app_env):
+    at = open_page("playground")
+    assert at.selectbox(key="play_model").value == "tiny"
+    at.radio(key="play_locus").set_value("neuron").run()
+    at.text_input(key="play_neurons").input("0, 5, 9").run()
+    at.slider(key="play_scale").set_value(8.0).run()
+    at.number_input(key="play_new").set_value(4).run()
+    at.button(key="play_run").click().run()
+    assert not at.exception and not at.error
+    assert len(plotly_charts(at)) == 1
+    kl = float(at.metric[0].value.split()[0])
+    assert kl > 0
+    assert len(at.code) == 2
+
+
+def test_playground_prompt_locus_and_bad_input(app_env):
+    at = open_page("playground")
+    at.button(key="play_run").click().run()  # default locus: prompt (prepend a snippet)
+    assert not at.exception and len(plotly_charts(at)) == 1
+    at.radio(key="play_locus").set_value("neuron").run()
+    at.text_input(key="play_neurons").input("1, x").run()
+    at.button(key="play_run").click().run()
+    assert len(at.error) == 1 and "integers" in at.error[0].value and not at.exception
+    at.text_input(key="play_neurons").input("100000").run()
+    at.button(key="play_run").click().run()
+    assert "0..255" in at.error[0].value
+
+
+@pytest.mark.parametrize("locus", ["token", "feature"])
+def test_playground_sae_loci_say_what_to_run(app_env, locus):
+    at = open_page("playground")
+    at.radio(key="play_locus").set_value(locus).run()
+    assert "workbench sae train" in texts(at.info)
+    assert at.button(key="play_run").disabled
+
+
+# ----------------------------------------------------------------------------- Model tools
+
+
+def test_model_tools_studies_and_a_quantization_setting(app_env):
+    at = open_page("tools")
+    assert at.title[0].value == "Model tools"
+    assert len(at.tabs) == 2
+    at.selectbox(key="quant_setting").select("A4").run()
+    at.button(key="quant_run").click().run()
+    assert not at.exception and not at.error
+    assert at.session_state["quant_shift"][0] == "A4"
+
+
+def test_model_tools_sparse_attention_on_a_text(app_env):
+    at = open_page("tools")
+    at.selectbox(key="attn_method").select("topk").run()
+    at.text_input(key="attn_param").input("8").run()
+    at.text_area(key="attn_text").input("The committee met on Tuesday to review the budget and the plans.").run()
+    at.button(key="attn_run").click().run()
+    assert not at.exception and not at.error
+    rows = at.session_state["attn_rows"]
+    assert [r["method"] for r in rows] == ["full", "topk:8"] and rows[1]["loaded"] < 1
+
+
+def test_model_tools_without_study_results(app_env, monkeypatch):
+    import wbapp.runs
+
+    monkeypatch.setattr(wbapp.runs, "REPO", app_env)  # a checkout with no studies/*/results
+    at = open_page("tools")
+    info = texts(at.info)
+    assert "studies/quantization/run.py" in info and "studies/sparse_attention/run.py" in info
+    assert not at.get("plotly_chart") and not at.error
+
+
+def test_config_binds_to_localhost():
+    import tomllib
+
+    config = tomllib.loads((APPS.parent / ".streamlit" / "config.toml").read_text())
+    assert config["server"]["address"] == "localhost" and config["server"]["headless"] is True
+    assert config["browser"]["gatherUsageStats"] is False
