@@ -1,0 +1,177 @@
+"""SAE pipeline on the tiny model: collect, train (TopK and standard), save/load, evaluate, describe, bad input.
+
+Module-scoped fixtures train once; text comes from a generated local source so no corpus build runs.
+"""
+
+import numpy as np
+import pytest
+
+from workbench.errors import WorkbenchError
+
+SITE = "blocks.1.hook_resid_post"
+
+
+@pytest.fixture(scope="module")
+def text_source(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("text")
+    words = ["river", "bank", "money", "loan", "water", "fish", "stream", "credit", "cash", "boat"]
+    rng = np.random.default_rng(0)
+    for d in range(40):
+        sents = [" ".join(rng.choice(words, 8)) + "." for _ in range(30)]
+        (folder / f"doc{d}.txt").write_text(" ".join(sents))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def store(tiny, text_source, tmp_path_factory):
+    from workbench.sae.train import collect_activations
+
+    out = tmp_path_factory.mktemp("acts")
+    return collect_activations(tiny, [SITE], out, n_tokens=96 * 64, block_len=64, split="all",
+                               source=text_source, batch_size=16, shard_blocks=32, progress=False)
+
+
+@pytest.fixture(scope="module")
+def trained(store, tmp_path_factory):
+    from workbench.sae.train import TrainConfig, store_batches, train_sae
+
+    out = tmp_path_factory.mktemp("sae") / "topk"
+    cfg = TrainConfig(site=SITE, architecture="topk", d_sae=128, k=8, n_tokens=30_000, batch_size=256,
+                      lr=2e-3, n_checkpoints=2, model_name="tiny")
+    sae = train_sae(cfg, store_batches(store, SITE, 256), 64, out, resume=False, progress=False)
+    return sae, out, cfg
+
+
+def _mse(sae, x):
+    import torch
+
+    with torch.no_grad():
+        return float((sae.decode(sae.encode(x)) - x).pow(2).sum(-1).mean())
+
+
+def test_collect_skips_bos_and_keeps_tokens(store):
+    x = store.get(SITE)
+    table = store.token_table()
+    assert x.shape == (96 * 63, 64)
+    assert len(table["token_ids"]) == len(x)
+    assert store.complete
+
+
+def test_topk_sae_trains_and_reduces_error(trained, store):
+    from workbench.sae.train import TrainConfig, _training_sae
+
+    sae, _, cfg = trained
+    x = store.get(SITE).float()[:2000]
+    fresh = _training_sae(TrainConfig(site=SITE, d_sae=128, k=8), 64)
+    assert _mse(sae, x) < 0.5 * _mse(fresh, x)
+
+
+def test_saved_sae_loads_with_saelens(trained):
+    from sae_lens import SAE
+
+    sae, out, _ = trained
+    loaded = SAE.load_from_disk(str(out))
+    assert loaded.cfg.metadata.hook_name == SITE
+    assert loaded.cfg.d_sae == 128
+    assert (out / "workbench.json").exists()
+    assert any((out / "checkpoints").iterdir())
+
+
+def test_standard_sae_trains_and_resumes(store, tmp_path):
+    from workbench.sae.train import TrainConfig, store_batches, train_sae
+
+    cfg = TrainConfig(site=SITE, architecture="standard", d_sae=128, l1_coefficient=1.0, n_tokens=10_240,
+                      batch_size=256, lr=2e-3, n_checkpoints=1, model_name="tiny")
+    sae = train_sae(cfg, store_batches(store, SITE, 256), 64, tmp_path, progress=False)
+    x = store.get(SITE).float()[:1000]
+    assert np.isfinite(_mse(sae, x))
+    # a second call resumes from the checkpoint and finishes with the same token count
+    cfg.n_tokens = 10_240
+    again = train_sae(cfg, store_batches(store, SITE, 256), 64, tmp_path, progress=False)
+    assert again.cfg.d_sae == 128
+
+
+def test_evaluate_sae_metrics(tiny, trained, text_source):
+    from workbench.data.corpus import token_blocks
+    from workbench.sae.train import evaluate_sae
+
+    sae, _, _ = trained
+    blocks = token_blocks(tiny.tokenizer, 4 * 64, 64, split="all", source=text_source)
+    m = evaluate_sae(tiny, sae, blocks)
+    assert m["l0"] <= 8 + 1e-6
+    assert 0 <= m["dead_fraction"] <= 1
+    assert m["explained_variance"] > 0.3
+    assert np.isfinite(m["ce_recovered"])
+
+
+def test_describe_features(tiny, trained, store):
+    from workbench.sae.features import MARK, describe_features
+
+    sae, _, _ = trained
+    recs = describe_features(tiny, sae, store, features=[0, 1, 2], n_top=8, progress=False)
+    assert [r["feature"] for r in recs] == [0, 1, 2]
+    live = [r for r in recs if r["contexts"]]
+    assert live, "no feature fired"
+    r = live[0]
+    assert MARK[0] in r["contexts"][0] and r["token_set"] and len(r["logit_lens"]) == 10
+    assert r["top_activations"] == sorted(r["top_activations"], reverse=True)
+    assert sum(r["histogram"]) > 0 and isinstance(r["description"], str)
+
+
+def test_embed_texts_unit_norm_and_semantic():
+    from workbench.sae.features import embed_texts
+
+    E = embed_texts(["money in the bank", "cash and loans", "a cat sleeps on the sofa"])
+    assert E.shape == (3, 384)
+    assert np.allclose(np.linalg.norm(E, axis=1), 1, atol=1e-5)
+    assert E[0] @ E[1] > E[0] @ E[2]
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def test_bad_inputs_raise_one_line(tiny, trained, store, text_source, tmp_path):
+    import torch
+
+    from workbench.data.corpus import token_blocks
+    from workbench.sae.features import check_feature
+    from workbench.sae.load import load_sae
+    from workbench.sae.train import check_site_matches, store_batches
+
+    sae, out, _ = trained
+    errors = []
+    with pytest.raises(WorkbenchError) as e:  # d_in mismatch with the site
+        check_site_matches(tiny, sae, "blocks.1.mlp.hook_post")
+    errors.append(e)
+    with pytest.raises(WorkbenchError) as e:
+        check_feature(sae, 128)
+    errors.append(e)
+    with pytest.raises(WorkbenchError) as e:  # corpus too small
+        token_blocks(tiny.tokenizer, 10**7, 64, split="all", source=text_source)
+    errors.append(e)
+    with pytest.raises(WorkbenchError) as e:  # unknown release, offline
+        load_sae("no-such-release-v0", "blocks.0.hook_resid_post")
+    errors.append(e)
+    with pytest.raises(WorkbenchError) as e:  # known release, offline (no hub in tests)
+        load_sae("gpt2-small-resid-post-v5-32k", "blocks.0.hook_resid_post")
+    errors.append(e)
+    # NaN activations
+    from workbench.store import ActivationStore
+
+    bad = ActivationStore.create_or_resume(tmp_path / "nan", {"model": "tiny", "sites": [SITE], "positions": "all",
+                                                               "dtype": "float32", "d": {SITE: [64]}})
+    x = torch.randn(10, 64)
+    x[3, 5] = float("nan")
+    bad.append_shard({SITE: x}, [{"block": 0}])
+    with pytest.raises(WorkbenchError) as e:
+        next(store_batches(bad, SITE, 4))
+    errors.append(e)
+    for e in errors:
+        assert "\n" not in str(e.value) and str(e.value)
+
+
+def test_load_sae_checks_model_site(tiny, trained):
+    from workbench.sae.load import load_sae
+
+    sae, out, _ = trained
+    assert load_sae(out, model=tiny).cfg.d_sae == 128

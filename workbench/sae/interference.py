@@ -1,0 +1,167 @@
+"""Interference between SAE features: decoder geometry, semantic relatedness, co-activation, shared neurons.
+
+Interference(i, j) = |cos(W_dec[i], W_dec[j])| (sign aside, two directions that overlap read into
+each other). All pairs are visited through ``kernels.distances.iter_distance_blocks`` (row blocks of
+the cosine-distance matrix), keeping only the top-k partners of each feature and bin counts, so the
+d_sae x d_sae matrix never exists. Semantic relatedness = cosine of description embeddings, grouped
+by agglomerative clustering (average linkage, cosine distance) at the reference cutoffs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from workbench.errors import WorkbenchError
+
+BINS = (0.0, 0.1, 0.2, 0.3, 0.4, 1.0)
+CUTOFFS = (0.40, 0.30, 0.20, 0.15)
+NEURON_THRESHOLD = 0.2  # |cos(W_out[n], W_dec[j])| above which neuron n counts as connected to feature j
+
+
+def _decoder(sae):
+    import torch
+
+    w = sae.W_dec.detach().float() if hasattr(sae, "W_dec") else torch.as_tensor(sae, dtype=torch.float32)
+    if not torch.isfinite(w).all():
+        raise WorkbenchError("the SAE decoder holds NaN or inf: retrain or reload it")
+    return w
+
+
+def interference_scan(sae, k: int = 32, block_size: int = 1024, bins=BINS) -> dict:
+    """Top-k partners by |cos| for every feature, and the all-pairs histogram over ``bins`` (pairs i < j).
+
+    ``sae`` may be a SAELens SAE or a (d_sae, d_in) decoder matrix. Memory: block_size x d_sae.
+    """
+    import torch
+
+    from kernels.distances import iter_distance_blocks
+
+    W = _decoder(sae)
+    n = len(W)
+    if not 1 <= k < n:
+        raise WorkbenchError(f"k={k} partners asked, but the SAE has {n} features")
+    edges = torch.tensor(bins, dtype=torch.float64)
+    counts = torch.zeros(len(bins) - 1, dtype=torch.long)
+    top_i = np.empty((n, k), dtype=np.int64)
+    top_c = np.empty((n, k), dtype=np.float32)
+    for s, e, dist in iter_distance_blocks(W, metric="cosine", block_size=block_size):
+        cos = (1 - dist).abs().clamp(max=1.0)
+        cos[:, s:e].fill_diagonal_(-1.0)
+        c, i = torch.topk(cos, k, dim=1)
+        top_i[s:e], top_c[s:e] = i.numpy(), c.numpy()
+        upper = torch.arange(n)[None, :] > torch.arange(s, e)[:, None]  # each pair once
+        vals = cos[upper].double()
+        b = torch.bucketize(vals, edges[1:-1], right=True)
+        counts += torch.bincount(b, minlength=len(counts))
+    total = int(counts.sum())
+    labels = [f"[{a:.1f},{b:.1f})" if b < 1 else f"[{a:.1f},1]" for a, b in zip(bins[:-1], bins[1:], strict=True)]
+    return {"top_index": top_i, "top_cos": top_c, "bin_labels": labels, "bin_counts": counts.tolist(),
+            "base_rates": [c / total for c in counts.tolist()], "n_pairs": total}
+
+
+def semantic_clusters(embeddings, cutoffs=CUTOFFS) -> dict[float, np.ndarray]:
+    """Cluster labels per cutoff (cosine distance, average linkage): same label = semantically related."""
+    from sklearn.cluster import AgglomerativeClustering
+
+    X = np.asarray(embeddings, dtype=np.float64)
+    if len(X) < 2:
+        raise WorkbenchError("semantic clustering needs at least 2 described features")
+    out = {}
+    for c in cutoffs:
+        model = AgglomerativeClustering(n_clusters=None, metric="cosine", linkage="average", distance_threshold=c)
+        out[float(c)] = model.fit_predict(X)
+    return out
+
+
+def pair_table(scan: dict, features, embeddings, clusters: dict, min_interference: float = 0.0) -> list[dict]:
+    """Every (i, j) among the top-k lists of described features: interference, relatedness, cluster flags.
+
+    ``features[r]`` is the feature whose description embedding is ``embeddings[r]``; pairs where
+    either side is undescribed are left out. Each pair appears once (i < j).
+    """
+    pos = {int(f): r for r, f in enumerate(features)}
+    E = np.asarray(embeddings)
+    seen, rows = set(), []
+    for i in pos:
+        for j, c in zip(scan["top_index"][i], scan["top_cos"][i], strict=True):
+            j = int(j)
+            if j not in pos or c < min_interference:
+                continue
+            a, b = min(i, j), max(i, j)
+            if (a, b) in seen:
+                continue
+            seen.add((a, b))
+            row = {"i": a, "j": b, "interference": float(c),
+                   "relatedness": float(E[pos[a]] @ E[pos[b]])}
+            for cut, labels in clusters.items():
+                row[f"same_cluster_{cut:.2f}"] = bool(labels[pos[a]] == labels[pos[b]])
+            rows.append(row)
+    return rows
+
+
+def unrelated_interfering(pairs: list[dict], min_interference: float = 0.3, cutoff: float = CUTOFFS[0]) -> list[dict]:
+    """Pairs that interfere (|cos| >= min_interference) yet sit in different clusters at ``cutoff``.
+
+    Different clusters at the coarsest cutoff (0.40) means different clusters at every finer one.
+    """
+    key = f"same_cluster_{cutoff:.2f}"
+    out = [p for p in pairs if p["interference"] >= min_interference and not p[key]]
+    return sorted(out, key=lambda p: -p["interference"])
+
+
+def coactivation(sae, store, pairs, site: str | None = None, batch_size: int = 4096) -> np.ndarray:
+    """Per pair, P(both fire) / P(either fires) (Jaccard of firing sets) over the store's tokens."""
+    import torch
+
+    site = site or sae.cfg.metadata.hook_name
+    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    both = torch.zeros(len(pairs), dtype=torch.long)
+    either = torch.zeros(len(pairs), dtype=torch.long)
+    pi, pj = torch.as_tensor(pairs[:, 0]), torch.as_tensor(pairs[:, 1])
+    with torch.no_grad():
+        for s in range(len(store.manifest["shards"])):
+            x = store.read_shard(s).tensors[site].float()
+            for b in range(0, len(x), batch_size):
+                active = sae.encode(x[b : b + batch_size]) > 0
+                a, c = active[:, pi], active[:, pj]
+                both += (a & c).sum(0)
+                either += (a | c).sum(0)
+    return (both / either.clamp(min=1)).numpy()
+
+
+def mlp_for_site(model, site: str) -> int:
+    """The layer whose MLP writes into a residual site (``blocks.L.hook_resid_*``)."""
+    parts = site.split(".")
+    if len(parts) < 3 or parts[0] != "blocks" or not parts[1].isdigit():
+        raise WorkbenchError(f"site {site!r} is not a blocks.L.* site: the neuron view needs a layer")
+    L = int(parts[1])
+    if site.endswith("hook_resid_pre"):
+        L -= 1
+    if L < 0:
+        raise WorkbenchError(f"{site} precedes every MLP: no neurons write into it")
+    return L
+
+
+def neuron_connections(model, sae, layer: int | None = None, threshold: float = NEURON_THRESHOLD):
+    """|cos(W_out[layer][n], W_dec[j])| for all neurons x features, and the boolean map above ``threshold``.
+
+    A neuron "connects" to a feature when the direction it writes into the residual stream is
+    aligned with the feature's decoder direction (the reference's weight > 0.2 criterion).
+    """
+    import torch
+
+    layer = mlp_for_site(model, sae.cfg.metadata.hook_name) if layer is None else layer
+    W_out = model.blocks[layer].mlp.W_out.detach().float()  # (d_mlp, d_model)
+    C = torch.nn.functional.normalize(W_out, dim=1) @ torch.nn.functional.normalize(_decoder(sae), dim=1).T
+    C = C.abs()
+    return C, threshold < C
+
+
+def shared_neurons(connected, pairs) -> np.ndarray:
+    """Per pair, Jaccard overlap of the neuron sets connected to each feature."""
+    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    A = connected[:, pairs[:, 0]]
+    B = connected[:, pairs[:, 1]]
+    inter = (A & B).sum(0).float()
+    union = (A | B).sum(0).float().clamp(min=1)
+    return (inter / union).numpy()

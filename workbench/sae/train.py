@@ -1,0 +1,357 @@
+"""Train sparse autoencoders on a model's activations with SAELens's own SAE modules and trainer.
+
+Activations come from an ``ActivationStore`` written by ``collect_activations`` (corpus token blocks
+through the model, every position but BOS, the forward pass stopped at the deepest site) or stream
+straight from the model. SAELens's ``LanguageModelSAETrainingRunner`` wants a HF dataset and runs the
+model itself; we hand its lower-level ``SAETrainer`` (the same training loop, checkpoints, dead-feature
+tracking, activation normalisation) an iterator of activation batches instead, so our stores, our
+offline corpus and our model loading are used unchanged. Files are SAELens's (``cfg.json`` +
+``sae_weights.safetensors``): ``sae_lens.SAE.load_from_disk`` reads them; ``workbench.json`` beside
+them records how the SAE was trained and its metrics.
+
+BOS is left out everywhere: its residual is a fixed, very large vector that would dominate the loss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import math
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from workbench.errors import WorkbenchError
+from workbench.store import ActivationStore, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+ARCHITECTURES = ("topk", "standard")
+META_FILE = "workbench.json"
+
+
+# ----------------------------------------------------------------------------- activations
+
+
+def collect_activations(model, sites: list[str], out: str | Path, n_tokens: int, block_len: int = 128,
+                        split: str = "train", seed: int = 0, source: str | Path | None = None,
+                        batch_size: int = 8, dtype: str = "float16", shard_blocks: int = 64,
+                        overwrite: bool = False, progress: bool = True) -> ActivationStore:
+    """Corpus token blocks through ``model``; every non-BOS position of each site into a store (resumable).
+
+    One row per block; the store's token table (``positions == "all"``) says which token each
+    activation belongs to, so feature contexts can be read back. Stop it at any time: the shards
+    written so far are usable, and the same call resumes.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    from workbench.capture import _run_sites, check_sites
+    from workbench.data.corpus import token_blocks
+
+    sites = check_sites(model, sites)
+    blocks = token_blocks(model.tokenizer, n_tokens, block_len, split=split, seed=seed, source=source)
+    store_dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}.get(dtype)
+    if store_dtype is None:
+        raise WorkbenchError(f"unknown store dtype {dtype!r}: use float32, float16 or bfloat16")
+    info = getattr(model, "workbench", {}) or {}
+    header = {
+        "model": info.get("name", model.cfg.model_name),
+        "weights_sha256": info.get("weights_sha256"),
+        "sites": sites,
+        "positions": "all",
+        "dtype": dtype,
+        "max_tokens": block_len,
+        "prompts_sha256": hashlib.sha256(blocks.numpy().tobytes()).hexdigest(),
+        "n_prompts": len(blocks),
+        "d": {s: None for s in sites},
+        "corpus": {"split": split, "seed": seed, "source": str(source) if source else None,
+                   "n_tokens": int(blocks.numel()), "skip_bos": True},
+    }
+    store = ActivationStore.create_or_resume(out, header, overwrite=overwrite)
+    device = model.cfg.device
+    L = blocks.shape[1]
+    mask = torch.ones(1, L, dtype=torch.bool, device=device)
+    mask[:, 0] = False  # BOS
+    bar = tqdm(total=len(blocks), initial=store.n_rows, desc=f"activations {header['model']}", unit="block",
+               disable=not progress)
+    try:
+        for begin in range(store.n_rows, len(blocks), shard_blocks):
+            chunk = blocks[begin : begin + shard_blocks]
+            parts: dict[str, list] = {s: [] for s in sites}
+            for b in range(0, len(chunk), batch_size):
+                tokens = chunk[b : b + batch_size].to(device)
+                lengths = torch.full((len(tokens),), L, device=device)
+                got = _run_sites(model, tokens, sites, "all", lengths, mask.expand(len(tokens), L))
+                for s in sites:
+                    parts[s].append(got[s].to("cpu", store_dtype))
+                bar.update(len(tokens))
+            tensors = {s: torch.cat(v) for s, v in parts.items()}
+            if store.manifest["d"][sites[0]] is None:
+                store.manifest["d"] = {s: list(tensors[s].shape[1:]) for s in sites}
+            n = len(chunk)
+            tensors["token_ids"] = chunk[:, 1:].reshape(-1)
+            tensors["row_index"] = (torch.arange(n)[:, None] + begin).expand(n, L - 1).reshape(-1)
+            tensors["offsets"] = torch.zeros(n * (L - 1), 2, dtype=torch.long)  # blocks have no source text
+            store.append_shard(tensors, [{"block": begin + i} for i in range(n)])
+    finally:
+        bar.close()
+    store.mark_complete()
+    return store
+
+
+def _check_finite(x, where: str):
+    import torch
+
+    if not torch.isfinite(x).all():
+        bad = int((~torch.isfinite(x)).any(-1).sum())
+        raise WorkbenchError(f"{bad} activation row(s) in {where} hold NaN or inf: recapture them (check the model dtype)")
+    return x
+
+
+def store_batches(store: ActivationStore, site: str, batch_size: int, seed: int = 0) -> Iterator:
+    """Endless float32 batches of one site: shards in a fresh random order each epoch, rows shuffled in pairs of shards."""
+    import torch
+
+    if site not in store.sites:
+        raise WorkbenchError(f"site {site!r} is not in {store.path}; it has {', '.join(store.sites)}")
+    n_shards = len(store.manifest["shards"])
+    if n_shards == 0:
+        raise WorkbenchError(f"{store.path} has no activations yet: run the collection (it resumes)")
+    gen = torch.Generator().manual_seed(seed)
+    carry = None
+    while True:
+        order = torch.randperm(n_shards, generator=gen).tolist()
+        for i in range(0, n_shards, 2):
+            x = torch.cat([store.read_shard(j).tensors[site].float() for j in order[i : i + 2]])
+            _check_finite(x, f"{store.path} ({site})")
+            if carry is not None:
+                x = torch.cat([carry, x])
+            x = x[torch.randperm(len(x), generator=gen)]
+            full = len(x) // batch_size * batch_size
+            yield from x[:full].split(batch_size)
+            carry = x[full:]
+
+
+def model_batches(model, site: str, blocks, batch_size: int, seed: int = 0, buffer_blocks: int = 32) -> Iterator:
+    """Endless batches of ``site`` activations computed on the fly from token ``blocks`` (no store on disk)."""
+    import torch
+
+    from workbench.capture import _run_sites, check_sites
+
+    check_sites(model, [site])
+    gen = torch.Generator().manual_seed(seed)
+    L = blocks.shape[1]
+    carry = None
+    while True:
+        for i in torch.randperm(len(blocks), generator=gen).split(buffer_blocks):
+            tokens = blocks[i].to(model.cfg.device)
+            mask = torch.ones_like(tokens, dtype=torch.bool)
+            mask[:, 0] = False
+            x = _run_sites(model, tokens, [site], "all", torch.full((len(tokens),), L, device=tokens.device), mask)[site]
+            x = _check_finite(x.float().cpu(), f"the model's {site}")
+            if carry is not None:
+                x = torch.cat([carry, x])
+            x = x[torch.randperm(len(x), generator=gen)]
+            full = len(x) // batch_size * batch_size
+            yield from x[:full].split(batch_size)
+            carry = x[full:]
+
+
+# ----------------------------------------------------------------------------- training
+
+
+@dataclass
+class TrainConfig:
+    """What an SAE run needs; ``n_tokens`` may exceed the activations held (epochs are repeated and recorded)."""
+
+    site: str
+    architecture: str = "topk"
+    d_sae: int | None = None  # default: expansion * d_in
+    expansion: int = 8
+    k: int = 32  # topk
+    l1_coefficient: float = 5.0  # standard (on activations normalised to norm sqrt(d_in))
+    lr: float = 4e-4
+    batch_size: int = 1024
+    n_tokens: int = 2_000_000
+    n_checkpoints: int = 4
+    seed: int = 0
+    model_name: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def _training_sae(cfg: TrainConfig, d_in: int):
+    from sae_lens.saes.sae import SAEMetadata
+    from sae_lens.saes.standard_sae import StandardTrainingSAE, StandardTrainingSAEConfig
+    from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig
+
+    common = dict(d_in=d_in, d_sae=cfg.d_sae or cfg.expansion * d_in, normalize_activations="expected_average_only_in",
+                  metadata=SAEMetadata(hook_name=cfg.site, model_name=cfg.model_name))
+    if cfg.architecture == "topk":
+        return TopKTrainingSAE(TopKTrainingSAEConfig(k=cfg.k, **common))
+    if cfg.architecture == "standard":
+        return StandardTrainingSAE(StandardTrainingSAEConfig(l1_coefficient=cfg.l1_coefficient, **common))
+    raise WorkbenchError(f"unknown SAE architecture {cfg.architecture!r}: use one of {', '.join(ARCHITECTURES)}")
+
+
+def _latest_checkpoint(folder: Path) -> Path | None:
+    done = [p for p in folder.glob("*") if p.is_dir() and p.name.isdigit() and (p / "cfg.json").exists()]
+    return max(done, key=lambda p: int(p.name)) if done else None
+
+
+def train_sae(cfg: TrainConfig, batches: Iterator, d_in: int, out: str | Path, resume: bool = True,
+              progress: bool = True):
+    """Train one SAE from an iterator of activation batches; checkpoints under ``out/checkpoints``, resumable.
+
+    Returns the inference SAE (``sae_lens.SAE``) saved in SAELens format at ``out``.
+    """
+    import torch
+    from sae_lens import SAE
+    from sae_lens.config import SAETrainerConfig
+    from sae_lens.saes.sae import TrainingSAE
+    from sae_lens.training.sae_trainer import SAETrainer
+
+    if cfg.n_tokens < cfg.batch_size:
+        raise WorkbenchError(f"n_tokens={cfg.n_tokens} is below one batch ({cfg.batch_size}): train on more tokens")
+    torch.manual_seed(cfg.seed)
+    out = Path(out)
+    ckpt_dir = out / "checkpoints"
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    steps = cfg.n_tokens // cfg.batch_size
+    tcfg = SAETrainerConfig(
+        total_training_samples=steps * cfg.batch_size, train_batch_size_samples=cfg.batch_size, lr=cfg.lr,
+        lr_end=cfg.lr / 10, lr_decay_steps=max(1, steps // 5), lr_warm_up_steps=min(100, steps // 20),
+        dead_feature_window=max(50, steps // 10), feature_sampling_window=10**12,  # no wandb sparsity logs
+        n_checkpoints=cfg.n_checkpoints, checkpoint_path=str(ckpt_dir), n_batches_for_norm_estimate=20,
+    )
+    latest = _latest_checkpoint(ckpt_dir) if resume else None
+    sae = TrainingSAE.load_from_disk(latest) if latest else _training_sae(cfg, d_in)
+    if sae.cfg.d_in != d_in:
+        raise WorkbenchError(f"SAE d_in {sae.cfg.d_in} does not match the activations' {d_in}: use a fresh --out")
+    trainer = SAETrainer(tcfg, sae, batches)
+    if latest:
+        trainer.load_trainer_state(latest)
+        trainer.checkpoint_thresholds = [t for t in trainer.checkpoint_thresholds if t >= trainer.n_training_samples]
+        for _ in range(trainer.n_training_steps):  # the same batches as an uninterrupted run
+            next(batches)
+        log.info("resumed %s at %d tokens", out, trainer.n_training_samples)
+    with contextlib.ExitStack() as stack:
+        if not progress:
+            stack.enter_context(_quiet_tqdm())
+        trained = trainer.fit()
+    trained.save_inference_model(str(out))
+    meta = {"config": asdict(cfg), "tokens_trained": trainer.n_training_samples,
+            "steps": trainer.n_training_steps, "d_in": d_in, "d_sae": trained.cfg.d_sae}
+    write_json_atomic(out / META_FILE, meta)
+    return SAE.load_from_disk(str(out))
+
+
+@contextlib.contextmanager
+def _quiet_tqdm():
+    """SAETrainer makes its own bar; silence it when the caller asked for no progress."""
+    import sae_lens.training.sae_trainer as st
+
+    original = st.tqdm
+    st.tqdm = lambda *a, **k: original(*a, **{**k, "disable": True})
+    try:
+        yield
+    finally:
+        st.tqdm = original
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def splice_hook(sae, keep_first: bool = True):
+    """Hook replacing the site's activation by the SAE's reconstruction (BOS kept, as in training)."""
+
+    def hook(act, hook):
+        rec = sae.decode(sae.encode(act.float())).to(act.dtype)
+        if keep_first:
+            rec[:, 0] = act[:, 0]
+        return rec
+
+    return hook
+
+
+def _zero_hook(act, hook):
+    act = act.clone()
+    act[:, 1:] = 0
+    return act
+
+
+def evaluate_sae(model, sae, blocks, batch_size: int = 8) -> dict:
+    """L0, explained variance, dead fraction and CE loss recovered on held-out token ``blocks``.
+
+    CE recovered = (CE_zero − CE_spliced) / (CE_zero − CE_clean), with the site zero-ablated (non-BOS
+    positions) as the floor. A feature is counted dead when it never fires on these tokens.
+    """
+    import torch
+
+    site = sae.cfg.metadata.hook_name
+    check_site_matches(model, sae, site)
+    sse = sst = 0.0
+    n = 0
+    l0_sum = 0.0
+    fired = torch.zeros(sae.cfg.d_sae, dtype=torch.bool)
+    ce = {"clean": 0.0, "spliced": 0.0, "zero": 0.0}
+    sums = torch.zeros(sae.cfg.d_in, dtype=torch.float64)
+    sq = torch.zeros((), dtype=torch.float64)
+    store: dict = {}
+
+    def record(act, hook):
+        store["x"] = act[:, 1:].reshape(-1, act.shape[-1]).float()
+
+    with torch.no_grad():
+        for b in range(0, len(blocks), batch_size):
+            tokens = blocks[b : b + batch_size].to(model.cfg.device)
+            ce["clean"] += float(model.run_with_hooks(tokens, return_type="loss", fwd_hooks=[(site, record)])) * len(tokens)
+            ce["spliced"] += float(model.run_with_hooks(tokens, return_type="loss",
+                                                        fwd_hooks=[(site, splice_hook(sae))])) * len(tokens)
+            ce["zero"] += float(model.run_with_hooks(tokens, return_type="loss", fwd_hooks=[(site, _zero_hook)])) * len(tokens)
+            x = store["x"]
+            f = sae.encode(x)
+            rec = sae.decode(f)
+            sse += float((rec - x).pow(2).sum())
+            sums += x.sum(0).double()
+            sq += x.double().pow(2).sum()
+            n += len(x)
+            l0_sum += float((f > 0).sum())
+            fired |= (f > 0).any(0).cpu()
+    ce = {k: v / len(blocks) for k, v in ce.items()}
+    sst = float(sq - sums.pow(2).sum() / n)
+    denom = ce["zero"] - ce["clean"]
+    return {
+        "site": site, "eval_tokens": n, "l0": l0_sum / n, "explained_variance": 1 - sse / sst,
+        "dead_fraction": float((~fired).float().mean()), "ce_clean": ce["clean"], "ce_spliced": ce["spliced"],
+        "ce_zero_ablation": ce["zero"], "ce_recovered": (ce["zero"] - ce["spliced"]) / denom if denom else math.nan,
+    }
+
+
+def check_site_matches(model, sae, site: str | None = None) -> str:
+    """The SAE's site exists in ``model`` and has width ``d_in``; otherwise one clear line."""
+    from workbench.capture import check_sites
+
+    site = site or sae.cfg.metadata.hook_name
+    if not site:
+        raise WorkbenchError("the SAE records no hook_name: pass the site it was trained on")
+    check_sites(model, [site])
+    width = model.cfg.d_mlp if ("mlp.hook_post" in site or "mlp.hook_pre" in site) else model.cfg.d_model
+    if sae.cfg.d_in != width:
+        raise WorkbenchError(f"SAE d_in={sae.cfg.d_in} does not match {site} of {model.cfg.model_name} "
+                             f"(width {width}): use an SAE trained on this model and site")
+    return site
+
+
+def read_meta(path: str | Path) -> dict:
+    """The ``workbench.json`` beside an SAE we trained (empty for foreign SAEs)."""
+    file = Path(path) / META_FILE
+    return json.loads(file.read_text()) if file.exists() else {}
+
+
+def update_meta(path: str | Path, **fields) -> dict:
+    meta = read_meta(path) | fields
+    write_json_atomic(Path(path) / META_FILE, meta)
+    return meta
