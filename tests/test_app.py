@@ -92,7 +92,8 @@ def test_runs_page_typed_folder(app_env, report_dir):
     assert "no report.json" in at.error[0].value and not at.exception
     at.text_input(key="runs_typed").input(str(report_dir)).run()
     at.button(key="runs_open").click().run()
-    assert not at.error and at.session_state["run_dir"] == str(report_dir)
+    assert not at.error and at.session_state["run_dir"] == str(report_dir.resolve())
+    assert at.selectbox(key="runs_found").value == str(report_dir.resolve())
     assert len(at.dataframe[0].value) == 3
 
 
@@ -107,6 +108,24 @@ def test_quick_probe_starts_shows_progress_and_cancels(app_env):
     at.button(key="probe_cancel").click().run()
     assert job.proc.poll() is not None  # the child is gone
     assert "cancelled" in texts(at.warning)
+
+
+def test_quick_probe_runs_to_the_end_and_becomes_the_selected_run(app_env):
+    """The real job on the tiny model (about 40 s on a loaded 2-core machine)."""
+    at = open_page()
+    at.selectbox(key="probe_model").select("tiny").run()
+    at.number_input(key="probe_pairs").set_value(20).run()
+    out = app_env / "done"
+    at.text_input(key="probe_out").input(str(out)).run()
+    at.button(key="probe_start").click().run()
+    job = at.session_state["probe_job"]
+    job.proc.wait(300)
+    at.run()
+    assert not at.exception and not at.error, job.log_text[-2000:]
+    assert "probe finished" in at.success[0].value
+    assert at.session_state["run_dir"] == str(out.resolve())
+    assert at.selectbox(key="runs_found").value == str(out.resolve())
+    assert len(at.dataframe[0].value) == 4  # the tiny model's four layers
 
 
 def test_probe_job_progress_and_errors_from_its_log(tmp_path):

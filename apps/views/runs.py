@@ -13,35 +13,63 @@ from workbench.errors import WorkbenchError
 from workbench.paths import cache_dir
 from workbench.probe import summary_table
 
+
+def stamp(folder: Path) -> str:
+    report = folder / "report.json"
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(report.stat().st_mtime)) if report.exists() else "?"
+
+
 st.title("Runs")
 
+
+
+def finish_job() -> None:
+    """A finished background probe becomes the selected run (or its one-line error is shown)."""
+    job: ProbeJob | None = st.session_state.get("probe_job")
+    if job is None or job.proc.poll() is None:
+        return
+    st.session_state["probe_job"] = None
+    if job.proc.returncode == 0:
+        select_run(job.out.resolve())
+        st.success(f"probe finished: {job.out} is now the selected run")
+    else:
+        st.error(job.error_line())
+
+
+finish_job()
+
 # ------------------------------------------------------------------ pick a run
+
+
+def open_typed() -> None:
+    """Callback of "Open folder": runs before the page, so the list below already shows the new choice."""
+    typed = st.session_state["runs_typed"].strip()
+    try:
+        load_report(typed)
+    except WorkbenchError as exc:
+        st.session_state["runs_error"] = str(exc)
+    else:
+        select_run(Path(typed).expanduser().resolve())
+
+
 runs = discover_runs()
 selected = current_run()
+if selected and selected.resolve() not in runs:  # typed, or given by ?run= / $WORKBENCH_APP_RUN
+    runs.insert(0, selected.resolve())
 left, right = st.columns([3, 2])
 with left:
     if runs:
-        labels = {str(p): f"{p.name}  ·  {time.strftime('%Y-%m-%d %H:%M', time.localtime((p / 'report.json').stat().st_mtime))}"
-                  for p in runs}
-        options = list(labels)
-        index = options.index(str(selected)) if selected and str(selected) in options else None
-        choice = st.selectbox("report folders found", options, index=index, format_func=labels.get,
-                              placeholder="choose a run", key="runs_found")
-        if choice and choice != str(selected):
-            select_run(choice)
-            selected = Path(choice)
+        labels = {str(p): f"{p.name}  ·  {stamp(p)}  ·  {p.parent}" for p in runs}
+        st.session_state["runs_found"] = str(selected.resolve()) if selected else None  # follow other pages' choice
+        st.selectbox("report folders", list(labels), format_func=labels.get, placeholder="choose a run",
+                     key="runs_found", on_change=lambda: select_run(st.session_state["runs_found"]))
     else:
         missing("No probe reports found in the user cache or the studies' results.", "workbench probe --quick")
 with right:
     typed = st.text_input("or a folder path", key="runs_typed", placeholder="/path/to/probe-folder")
-    if st.button("Open folder", key="runs_open", disabled=not typed.strip()):
-        try:
-            load_report(typed.strip())
-        except WorkbenchError as exc:
-            st.error(str(exc))
-        else:
-            select_run(typed.strip())
-            selected = Path(typed.strip()).expanduser()
+    st.button("Open folder", key="runs_open", disabled=not typed.strip(), on_click=open_typed)
+    if st.session_state.get("runs_error"):
+        st.error(st.session_state.pop("runs_error"))
 
 if selected:
     with user_errors():
@@ -50,7 +78,9 @@ if selected:
     st.subheader(f"{report['model'].get('name', '?')} · {', '.join(report['conditions'])}")
     st.caption(f"`{selected}` · {config.get('n_pairs', '?')} pairs, k={config.get('k', '?')}, "
                f"K={config.get('K', '?')}, {config.get('n_parts', '?')} parts, seed {config.get('seed', '?')}")
-    st.dataframe(pd.DataFrame(summary_table(report)), hide_index=True, width="stretch")
+    table = pd.DataFrame(summary_table(report))
+    st.dataframe(table, hide_index=True, width="stretch", column_config={
+        c: st.column_config.NumberColumn(format="%.3f") for c in table.columns if table[c].dtype.kind == "f"})
     html = selected / "report.html"
     if html.is_file():
         st.download_button("report.html (offline)", html.read_bytes(), file_name="report.html", mime="text/html")
@@ -77,31 +107,19 @@ if st.button("Start quick probe", key="probe_start", type="primary", disabled=ru
 
 @st.fragment(run_every=1.0)
 def job_status():
-    """Polls the background probe; reruns the whole page once when it finishes."""
+    """Polls the background probe; reruns the whole page once it has finished."""
     job = st.session_state.get("probe_job")
     if job is None:
         return
+    if job.proc.poll() is not None:
+        st.rerun(scope="app")  # finish_job() at the top of the page takes it from there
     fraction, label = job.progress()
-    code = job.proc.poll()
-    if code is None:
-        st.progress(fraction, text=f"{label} · {time.time() - job.started:.0f} s")
-        if st.button("Cancel", key="probe_cancel"):
-            job.cancel()
-            st.session_state["probe_job"] = None
-            st.warning("probe cancelled; run it again to resume from its cached stages")
-        return
-    st.session_state["probe_job"] = None
-    if code == 0:
-        select_run(job.out)
-        st.session_state["probe_done"] = str(job.out)
-    else:
-        st.session_state["probe_failed"] = job.error_line()
-    st.rerun(scope="app")
+    st.progress(fraction, text=f"{label} · {time.time() - job.started:.0f} s")
+    if st.button("Cancel", key="probe_cancel"):
+        job.cancel()
+        st.session_state["probe_job"] = None
+        st.warning("probe cancelled; run it again to resume from its cached stages")
 
 
 if running:
     job_status()
-if st.session_state.get("probe_done"):
-    st.success(f"probe finished: {st.session_state.pop('probe_done')} is now the selected run")
-if st.session_state.get("probe_failed"):
-    st.error(st.session_state.pop("probe_failed"))

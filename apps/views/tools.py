@@ -5,7 +5,7 @@ import json
 import pandas as pd
 import streamlit as st
 from wbapp.compare import next_token_shift, shift_figure
-from wbapp.models import get_model, model_picker
+from wbapp.models import default_model, get_model, model_picker
 from wbapp.runs import REPO
 from wbapp.ui import missing, user_errors
 
@@ -33,19 +33,23 @@ def study_results(study: str) -> dict[str, dict]:
     return out
 
 
-def show_study(study: str, figure) -> None:
+def show_study(study: str, figure, log_y: bool = False) -> None:
     command, key = STUDIES[study]
     results = study_results(study)
     if not results:
         missing(f"No {study.replace('_', ' ')} results yet.", command)
         return
-    model = st.selectbox("results for", list(results), key=f"{study}_model")
+    models = sorted(results, key=lambda m: m != default_model())  # the embedded default first
+    model = st.selectbox("results for", models, key=f"{study}_model")
     record = results[model]
     rows = record["rows"]
     flat = pd.DataFrame([{k: v for k, v in r.items() if not isinstance(v, list | dict)} for r in rows])
     st.dataframe(flat, hide_index=True, width="stretch")
     try:
-        st.plotly_chart(figure(rows, f"{study.replace('_', ' ')} on {model}"), width="stretch", key=f"{study}_fig")
+        fig = figure(rows, f"{study.replace('_', ' ')} on {model}")
+        if log_y:  # a few broken settings would flatten every other bar
+            fig.update_yaxes(type="log", row=1, col=1)
+        st.plotly_chart(fig, width="stretch", key=f"{study}_fig")
     except (KeyError, TypeError):
         st.warning(f"these results were written by an older version of the study: re-run `{command}`")
     with st.expander("configuration"):
@@ -58,7 +62,7 @@ quant_tab, attention_tab = st.tabs(["Quantization", "Sparse attention"])
 with quant_tab:
     from workbench.tools.evaluate import PRESETS, apply_setting, quant_figure
 
-    show_study("quantization", quant_figure)
+    show_study("quantization", quant_figure, log_y=True)
     st.subheader("Try a setting on a prompt")
     c = st.columns([1, 1, 2])
     with c[0]:
