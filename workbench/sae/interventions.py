@@ -48,7 +48,7 @@ def feature_direction(sae, j: int):
 
 
 def token_gradient_direction(model, sae, j: int, contexts: list[list[int]]):
-    """Mean over contexts of d f_j(last position) / d input-embedding(last position), unit norm.
+    """Mean over contexts of d f_j(last position) / d input-embedding(last position), unit norm (f_j pre-activation).
 
     Each context is the token ids of a top-activating row up to and including the activating token.
     The forward pass stops at the SAE's site.
@@ -81,7 +81,7 @@ def _embedding_gradient(model, sae, j: int, site: str, ids: list[int]):
         return act
 
     def read(act, hook):
-        held["f"] = sae.encode(act[0, -1].float())[j]
+        held["f"] = feature_preactivation(sae, act[0, -1].float(), j)
         raise _Stop
 
     tokens = torch.tensor([ids], device=model.cfg.device)
@@ -92,6 +92,13 @@ def _embedding_gradient(model, sae, j: int, site: str, ids: list[int]):
             return None
         grad, = torch.autograd.grad(held["f"], held["embed"], allow_unused=True)
     return None if grad is None else grad[0, -1].float().cpu()
+
+
+def feature_preactivation(sae, x, j: int):
+    """Encoder pre-activation of feature ``j``: equals its activation where it fires (ReLU, TopK), and
+    keeps a gradient where a TopK or ReLU gate would zero it."""
+    sae_in = x - sae.b_dec if sae.cfg.apply_b_dec_to_input else x
+    return sae_in @ sae.W_enc[:, j] + sae.b_enc[j]
 
 
 class _Stop(Exception):

@@ -1,0 +1,154 @@
+"""Interference map, clustering, co-activation/neuron views, and the four intervention loci on the tiny model."""
+
+import numpy as np
+import pytest
+import torch
+
+from workbench.errors import WorkbenchError
+
+SITE = "blocks.1.hook_resid_post"
+
+
+@pytest.fixture(scope="module")
+def sae():
+    from sae_lens.saes.sae import SAEMetadata
+    from sae_lens.saes.topk_sae import TopKSAE, TopKSAEConfig
+
+    torch.manual_seed(0)
+    s = TopKSAE(TopKSAEConfig(d_in=64, d_sae=96, k=8, metadata=SAEMetadata(hook_name=SITE, model_name="tiny")))
+    with torch.no_grad():
+        s.W_dec.copy_(torch.randn(96, 64))
+        s.W_enc.copy_(s.W_dec.T.clone())
+    return s
+
+
+def test_blocked_topk_interference_matches_brute_force(sae):
+    from workbench.sae.interference import interference_scan
+
+    scan = interference_scan(sae, k=5, block_size=17)  # blocks that do not divide d_sae
+    W = torch.nn.functional.normalize(sae.W_dec.detach().double(), dim=1)
+    C = (W @ W.T).abs()
+    C.fill_diagonal_(-1)
+    ref_c, ref_i = torch.topk(C, 5, dim=1)
+    assert np.allclose(scan["top_cos"], ref_c.numpy(), atol=1e-5)
+    assert (scan["top_index"][:, 0] == ref_i[:, 0].numpy()).mean() > 0.98
+    iu = torch.triu_indices(96, 96, 1)
+    vals = C[iu[0], iu[1]].numpy()
+    ref_counts = np.histogram(vals, bins=[0, .1, .2, .3, .4, 1.0 + 1e-9])[0]
+    assert scan["n_pairs"] == 96 * 95 // 2
+    assert np.abs(np.array(scan["bin_counts"]) - ref_counts).max() <= 2  # float ties at bin edges
+    assert abs(sum(scan["base_rates"]) - 1) < 1e-9
+
+
+def test_interference_rejects_bad_k_and_nan(sae):
+    from workbench.sae.interference import interference_scan
+
+    with pytest.raises(WorkbenchError):
+        interference_scan(sae, k=96)
+    W = torch.randn(10, 4)
+    W[2, 1] = float("nan")
+    with pytest.raises(WorkbenchError):
+        interference_scan(W, k=2)
+
+
+def test_clustering_cutoffs_nest():
+    from workbench.sae.interference import CUTOFFS, semantic_clusters
+
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(4, 16))
+    X = np.repeat(centers, 5, axis=0) + 0.05 * rng.normal(size=(20, 16))
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    cl = semantic_clusters(X)
+    assert list(cl) == list(CUTOFFS)
+    n = [len(set(cl[c])) for c in CUTOFFS]
+    assert n == sorted(n)  # finer cutoffs never give fewer clusters
+    assert len(set(cl[0.40])) == 4  # the four planted groups
+    for c in CUTOFFS:  # a fine cluster never straddles two coarse ones
+        for lab in set(cl[c]):
+            assert len(set(cl[0.40][cl[c] == lab])) == 1
+
+
+def test_pair_table_and_unrelated_list(sae):
+    from workbench.sae.interference import (
+        interference_scan,
+        pair_table,
+        semantic_clusters,
+        unrelated_interfering,
+    )
+
+    scan = interference_scan(sae, k=4)
+    feats = list(range(0, 96, 2))
+    E = np.random.default_rng(1).normal(size=(len(feats), 8))
+    E /= np.linalg.norm(E, axis=1, keepdims=True)
+    pairs = pair_table(scan, feats, E, semantic_clusters(E))
+    assert pairs and all(p["i"] < p["j"] and p["i"] in feats and p["j"] in feats for p in pairs)
+    assert len({(p["i"], p["j"]) for p in pairs}) == len(pairs)
+    un = unrelated_interfering(pairs, min_interference=0.0)
+    assert all(not p["same_cluster_0.40"] for p in un)
+    assert [p["interference"] for p in un] == sorted((p["interference"] for p in un), reverse=True)
+
+
+def test_neuron_and_coactivation_views(tiny, sae):
+    from workbench.sae.interference import neuron_connections, shared_neurons
+
+    C, conn = neuron_connections(tiny, sae)
+    assert C.shape == (tiny.cfg.d_mlp, 96) and conn.dtype == torch.bool
+    s = shared_neurons(conn, [[0, 0], [0, 1]])
+    assert s[0] == pytest.approx(1.0) or conn[:, 0].sum() == 0
+    assert 0 <= s[1] <= 1
+
+
+# ----------------------------------------------------------------------------- interventions
+
+
+def _records(tiny):
+    ids = tiny.tokenizer("the river bank", add_special_tokens=False)["input_ids"]
+    bos = [tiny.tokenizer.bos_token_id] if tiny.tokenizer.bos_token_id is not None else []
+    rec = {"feature": 3, "contexts": ["the river «bank»"], "token_set": sorted(set(ids[-3:])),
+           "token_set_text": ["x"], "gradient_contexts": [bos + ids]}
+    return {3: rec}
+
+
+@pytest.mark.parametrize("locus", ["feature", "token", "prompt", "neuron"])
+def test_each_locus_shifts_and_zero_scale_is_identity(tiny, sae, locus):
+    from workbench.sae.interventions import intervene
+
+    recs = _records(tiny)
+    zero = intervene(tiny, sae, "money and", locus, 3, 0.0, records=recs)
+    assert zero["kl"] < 1e-8 and zero["before"] == zero["after"]
+    moved = intervene(tiny, sae, "money and", locus, 3, 8.0, records=recs)
+    assert moved["kl"] > 1e-4
+    assert set(moved) >= {"overlap_before", "overlap_after", "wcos_rel_change", "entered_topk", "before", "after"}
+
+
+def test_intervene_bad_inputs(tiny, sae):
+    from workbench.sae.interventions import intervene
+
+    recs = _records(tiny)
+    for kwargs in ({"locus": "nope", "feature": 3}, {"locus": "feature", "feature": 96},
+                   {"locus": "feature", "feature": -1}, {"locus": "prompt", "feature": 5}):
+        with pytest.raises(WorkbenchError) as e:
+            intervene(tiny, sae, "hello", scale=1.0, records=recs, target_feature=3, **kwargs)
+        assert "\n" not in str(e.value)
+
+
+def test_metrics_on_hand_made_distributions():
+    from workbench.sae.interventions import next_token_metrics
+
+    p = np.array([0.5, 0.3, 0.1, 0.1, 0.0])
+    q = np.array([0.1, 0.1, 0.1, 0.2, 0.5])
+    cos = np.array([0.0, 0.0, 0.5, 1.0, 1.0])
+    m = next_token_metrics(p, q, target_tokens=[3, 4], cos_to_target=cos, k=2)
+    assert m["overlap_before"] == pytest.approx(0.1) and m["overlap_after"] == pytest.approx(0.7)
+    assert m["overlap_delta"] == pytest.approx(0.6)
+    assert m["wcos_before"] == pytest.approx(0.15) and m["wcos_after"] == pytest.approx(0.75)
+    assert m["wcos_rel_change"] == pytest.approx(4.0)
+    assert m["entered_topk"] and m["n_entered_topk"] == 2  # tokens 4 and 3 replace 0 and 1
+    eps = 1e-12
+    assert m["kl"] == pytest.approx(float(np.sum(q * (np.log(q + eps) - np.log(p + eps)))))
+    same = next_token_metrics(p, p, [3], cos, k=2)
+    assert same["kl"] == pytest.approx(0, abs=1e-12) and not same["entered_topk"]
+    with pytest.raises(WorkbenchError):
+        next_token_metrics(p, q[:3], [0])
+    with pytest.raises(WorkbenchError):
+        next_token_metrics(p, np.full(5, np.nan), [0])
