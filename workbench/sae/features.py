@@ -111,11 +111,12 @@ def logit_lens(model, sae, features, k: int = 10) -> list[list[str]]:
 
 
 def default_labeller(record: dict) -> str:
-    """A description from evidence alone: activating tokens, promoted tokens, one context."""
-    toks = ", ".join(repr(t.strip() or t) for t in record["token_set_text"][:8])
-    promoted = ", ".join(repr(t.strip() or t) for t in record["logit_lens"][:5])
-    ctx = record["contexts"][0] if record["contexts"] else ""
-    return f"fires on {toks}; promotes {promoted}; e.g. {ctx}"
+    """Evidence only, no template words (shared boilerplate would make every pair look related):
+    the activating tokens, the tokens the decoder promotes, two contexts."""
+    toks = " ".join(t.strip() for t in record["token_set_text"][:8] if t.strip())
+    promoted = " ".join(t.strip() for t in record["logit_lens"][:5] if t.strip())
+    ctx = " | ".join(c.replace(MARK[0], "").replace(MARK[1], "") for c in record["contexts"][:2])
+    return f"{toks}. {promoted}. {ctx}"
 
 
 def describe_features(model, sae, store, features=None, site: str | None = None, n_top: int = 16,

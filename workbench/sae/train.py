@@ -38,13 +38,17 @@ META_FILE = "workbench.json"
 def collect_activations(model, sites: list[str], out: str | Path, n_tokens: int, block_len: int = 128,
                         split: str = "train", seed: int = 0, source: str | Path | None = None,
                         batch_size: int = 8, dtype: str = "float16", shard_blocks: int = 64,
-                        overwrite: bool = False, progress: bool = True) -> ActivationStore:
+                        overwrite: bool = False, time_budget_s: float | None = None,
+                        progress: bool = True) -> ActivationStore:
     """Corpus token blocks through ``model``; every non-BOS position of each site into a store (resumable).
 
     One row per block; the store's token table (``positions == "all"``) says which token each
-    activation belongs to, so feature contexts can be read back. Stop it at any time: the shards
-    written so far are usable, and the same call resumes.
+    activation belongs to, so feature contexts can be read back. Stop it at any time (or give
+    ``time_budget_s``): the shards written so far are usable, the same call resumes, and
+    ``store.complete`` says whether it finished.
     """
+    import time
+
     import torch
     from tqdm.auto import tqdm
 
@@ -77,8 +81,12 @@ def collect_activations(model, sites: list[str], out: str | Path, n_tokens: int,
     mask[:, 0] = False  # BOS
     bar = tqdm(total=len(blocks), initial=store.n_rows, desc=f"activations {header['model']}", unit="block",
                disable=not progress)
+    started = time.monotonic()
     try:
         for begin in range(store.n_rows, len(blocks), shard_blocks):
+            if time_budget_s is not None and time.monotonic() - started > time_budget_s:
+                log.warning("time budget spent: %d of %d blocks collected (the same call resumes)", begin, len(blocks))
+                return store
             chunk = blocks[begin : begin + shard_blocks]
             parts: dict[str, list] = {s: [] for s in sites}
             for b in range(0, len(chunk), batch_size):

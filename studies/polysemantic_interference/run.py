@@ -1,0 +1,284 @@
+"""Polysemantic interference study: train SAEs, map interference, intervene at four loci against baselines.
+
+python studies/polysemantic_interference/run.py [--config config.yaml] [--quick] [--model tiny --out DIR]
+
+Writes to results/<model>/: saes.csv (per SAE: L0, explained variance, dead fraction, CE recovered,
+tokens), interference.json (bins, base rates, clusters, top unrelated-yet-interfering pairs),
+trials.csv (one row per condition x locus x scale x pair x prompt), stats.csv (interfering vs each
+baseline per locus and scale and best-over-scales: mean difference, bootstrap 95% CI, Mann-Whitney p,
+Benjamini-Hochberg q over every comparison), results.json (config, versions, everything above),
+figure.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+HERE = Path(__file__).resolve().parent
+METRICS = ("wcos_rel_change", "overlap_delta", "entered_topk", "kl")
+BASELINES = ("random", "related", "low_interference")
+
+
+def load_config(path: Path, quick: bool) -> dict:
+    cfg = yaml.safe_load(path.read_text())
+    if quick:
+        for key, value in cfg.pop("quick", {}).items():
+            cfg[key] = cfg[key] | value if isinstance(value, dict) else value
+    cfg.pop("quick", None)
+    return cfg
+
+
+def choose_pairs(inter: dict, records: dict, W, n: int, rng) -> dict[str, list[tuple[int, int, float]]]:
+    """Source -> target pairs per condition; every pair's target has a token set."""
+    ok = [f for f, r in records.items() if r["token_set"]]
+    okset = set(ok)
+    clusters = {c: dict(zip(inter["features"], lab, strict=True)) for c, lab in inter["clusters"].items()}
+    coarse, fine = clusters[f"{inter['cutoff']:.2f}"], clusters["0.15"]
+
+    def cos(i, j):
+        return float(abs(W[i] @ W[j]) / (np.linalg.norm(W[i]) * np.linalg.norm(W[j])))
+
+    interfering, used = [], set()
+    for p in inter["unrelated_interfering"]:
+        if p["i"] in okset and p["j"] in okset and p["i"] not in used:
+            interfering.append((p["i"], p["j"], p["interference"]))
+            used.add(p["i"])
+        if len(interfering) == n:
+            break
+    related = [(p["i"], p["j"], p["interference"]) for p in inter["pairs"]
+               if p["same_cluster_0.15"] and p["i"] in okset and p["j"] in okset][:n]
+    by_cluster: dict = {}
+    for f in ok:
+        by_cluster.setdefault(fine[f], []).append(f)
+    groups = [g for g in by_cluster.values() if len(g) > 1]
+    tries = 0
+    while len(related) < n and groups and tries < 1000:
+        tries += 1
+        g = groups[rng.integers(len(groups))]
+        i, j = rng.choice(g, 2, replace=False)
+        if (int(i), int(j)) not in {(a, b) for a, b, _ in related}:
+            related.append((int(i), int(j), cos(i, j)))
+    low, tries = [], 0
+    while len(low) < n and tries < 10000:
+        tries += 1
+        i, j = (int(x) for x in rng.choice(ok, 2, replace=False))
+        c = cos(i, j)
+        if c < 0.1 and coarse[i] != coarse[j]:
+            low.append((i, j, c))
+    random = [(-1, j, float("nan")) for _, j, _ in interfering]  # matched targets, random source
+    return {"interfering": interfering, "related": related, "low_interference": low, "random": random}
+
+
+def run_trials(model, sae, records, pairs, icfg, rng, norm: float, log) -> list[dict]:
+    import torch
+
+    from workbench.sae.interventions import (
+        LOCI,
+        embedding_cosines,
+        intervention,
+        next_token_metrics,
+        next_token_probs,
+        token_gradient_direction,
+    )
+
+    prompts = icfg["prompts"]
+    before = next_token_probs(model, prompts).numpy()
+    ecos: dict = {}
+    grads: dict = {}
+    live = list(records)
+    rows = []
+    for condition, plist in pairs.items():
+        for i, j, interference in plist:
+            if j not in ecos:
+                ecos[j] = embedding_cosines(model, records[j]["token_set"])
+            for locus in LOCI:
+                direction = neurons = None
+                source = i
+                if condition == "random":
+                    source = None
+                    if locus in ("feature", "token"):
+                        direction = torch.nn.functional.normalize(torch.randn(model.cfg.d_model,
+                                      generator=torch.Generator().manual_seed(int(rng.integers(1 << 30)))), dim=0)
+                    elif locus == "neuron":
+                        neurons = rng.choice(model.cfg.d_mlp, 8, replace=False).tolist()
+                    else:
+                        source = int(rng.choice([f for f in live if f != j]))
+                elif locus == "token":
+                    if i not in grads:
+                        grads[i] = token_gradient_direction(model, sae, i, records[i]["gradient_contexts"])
+                    direction = grads[i]
+                for scale in icfg["scales"][locus]:
+                    s = scale * norm if locus in ("feature", "token") else scale
+                    hooks, prefix = intervention(model, sae, locus, source, s, records, direction=direction,
+                                                 neurons=neurons)
+                    after = next_token_probs(model, [prefix + p for p in prompts], hooks).numpy()
+                    for k, p in enumerate(prompts):
+                        m = next_token_metrics(before[k], after[k], records[j]["token_set"], ecos[j], k=icfg["topk"])
+                        rows.append({"condition": condition, "locus": locus, "scale": scale, "source": i, "target": j,
+                                     "interference": interference, "prompt": k, "prompt_text": p,
+                                     **{key: float(m[key]) for key in METRICS}})
+            log.info("%s %d->%d done (%d rows)", condition, i, j, len(rows))
+    return rows
+
+
+def compare(rows: list[dict], n_boot: int, rng) -> list[dict]:
+    """Interfering vs each baseline, per locus x (each scale, best-over-scales) x metric; BH across all."""
+    from scipy.stats import false_discovery_control, mannwhitneyu
+
+    def values(cond, locus, scale, metric):
+        sel = [r for r in rows if r["condition"] == cond and r["locus"] == locus]
+        if scale != "best":
+            return np.array([r[metric] for r in sel if r["scale"] == scale], dtype=float)
+        best: dict = {}
+        for r in sel:  # per (pair, prompt), the best scale: what best-over-scales reporting does
+            key = (r["source"], r["target"], r["prompt"])
+            best[key] = max(best.get(key, -np.inf), r[metric])
+        return np.array(list(best.values()), dtype=float)
+
+    out = []
+    for locus in sorted({r["locus"] for r in rows}):
+        scales = sorted({r["scale"] for r in rows if r["locus"] == locus}) + ["best"]
+        for scale in scales:
+            for metric in METRICS:
+                a = values("interfering", locus, scale, metric)
+                for base in BASELINES:
+                    b = values(base, locus, scale, metric)
+                    if len(a) < 2 or len(b) < 2:
+                        continue
+                    diffs = [rng.choice(a, len(a)).mean() - rng.choice(b, len(b)).mean() for _ in range(n_boot)]
+                    lo, hi = np.percentile(diffs, [2.5, 97.5])
+                    p = mannwhitneyu(a, b, alternative="two-sided").pvalue if np.ptp(np.r_[a, b]) > 0 else 1.0
+                    out.append({"locus": locus, "scale": scale, "metric": metric, "baseline": base,
+                                "interfering_mean": a.mean(), "baseline_mean": b.mean(), "diff": a.mean() - b.mean(),
+                                "ci_low": lo, "ci_high": hi, "p": float(p), "n_interfering": len(a), "n_baseline": len(b)})
+    if out:
+        q = false_discovery_control([r["p"] for r in out], method="bh")
+        for r, qq in zip(out, q, strict=True):
+            r["q_bh"] = float(qq)
+    return out
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    if not rows:
+        return
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def figure(path: Path, stats: list[dict], inter: dict) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    axes[0].bar(inter["bins"], inter["base_rates"])
+    axes[0].set_yscale("log")
+    axes[0].set_title("interference base rates (all decoder pairs)")
+    sel = [s for s in stats if s["metric"] == "wcos_rel_change" and s["scale"] != "best"]
+    labels = [f"{s['locus']}\n{s['scale']:g} vs {s['baseline'][:4]}" for s in sel]
+    x = np.arange(len(sel))
+    axes[1].errorbar(x, [s["diff"] for s in sel], yerr=[[s["diff"] - s["ci_low"] for s in sel],
+                                                        [s["ci_high"] - s["diff"] for s in sel]], fmt="o")
+    axes[1].axhline(0, color="grey", lw=0.5)
+    axes[1].set_xticks(x, labels, rotation=90, fontsize=5)
+    axes[1].set_title("weighted-cosine change: interfering minus baseline (95% CI)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=str(HERE / "config.yaml"))
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--model", help="override the config's model (e.g. tiny for a smoke run)")
+    parser.add_argument("--out", help="results folder (default results/<model>)")
+    parser.add_argument("--source", help="text folder/file instead of the installed-packages corpus")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    log = logging.getLogger("study")
+    cfg = load_config(Path(args.config), args.quick)
+    if args.model:
+        cfg["model"] = args.model
+
+    import torch
+
+    from workbench.models import load_model
+    from workbench.report import versions
+    from workbench.sae.cli import default_store_path, run_features, run_interference, run_train
+    from workbench.sae.features import records_by_feature
+    from workbench.sae.load import load_sae
+    from workbench.store import ActivationStore, write_json_atomic
+
+    torch.manual_seed(cfg["seed"])
+    rng = np.random.default_rng(cfg["seed"])
+    out = Path(args.out) if args.out else HERE / "results" / cfg["model"]
+    out.mkdir(parents=True, exist_ok=True)
+    model = load_model(cfg["model"], device="cpu")
+    c = cfg["collect"]
+    store_path = default_store_path(cfg["model"], c["sites"], c["n_tokens"], c["block_len"])
+    started = time.time()
+    sae_rows = []
+    for n, spec in enumerate(cfg["saes"]):
+        spec = dict(spec)
+        res = run_train(model, spec.pop("site"), architecture=spec.pop("architecture"), n_tokens=c["n_tokens"],
+                        train_tokens=cfg["train_tokens"], block_len=c["block_len"], activations=str(store_path),
+                        collect_sites=c["sites"], collect_budget_s=c["budget_s"] if n == 0 else 0,
+                        eval_tokens=cfg["eval_tokens"], seed=cfg["seed"], source=args.source, progress=False,
+                        name=f"study-{cfg['model']}-{n}", **spec)
+        sae_rows.append({"name": res["name"], "site": res["metrics"]["site"], "architecture": cfg["saes"][n]["architecture"],
+                         "d_sae": cfg["saes"][n].get("d_sae"), "tokens_collected": res["tokens_collected"],
+                         "tokens_trained": res["tokens_trained"], "epochs": round(res["epochs"], 2),
+                         **{k: res["metrics"][k] for k in ("l0", "explained_variance", "dead_fraction", "ce_clean",
+                                                           "ce_spliced", "ce_zero_ablation", "ce_recovered")},
+                         "path": res["path"]})
+        log.info("SAE %s: %s", res["name"], res["metrics"])
+    write_csv(out / "saes.csv", [{k: v for k, v in r.items() if k != "path"} for r in sae_rows])
+
+    main_sae = sae_rows[cfg["analysis_sae"]]
+    feats = run_features(main_sae["path"], model, progress=False)
+    ic = cfg["interference"]
+    inter_summary = run_interference(main_sae["path"], model, k=ic["k"], min_interference=ic["min_interference"],
+                                     cutoff=ic["cutoff"])
+    inter = json.loads(Path(inter_summary["path"]).read_text())
+    sae = load_sae(main_sae["path"], model=model)
+    records = records_by_feature(json.loads((Path(main_sae["path"]) / "features.json").read_text()))
+    pairs = choose_pairs(inter, records, sae.W_dec.detach().numpy(), cfg["interventions"]["n_pairs"], rng)
+    x = ActivationStore(store_path).get(main_sae["site"]).float()
+    norm = float(x.norm(dim=1).median())
+    rows = run_trials(model, sae, records, pairs, cfg["interventions"], rng, norm, log)
+    write_csv(out / "trials.csv", rows)
+    stats = compare(rows, cfg["interventions"]["n_bootstrap"], rng)
+    write_csv(out / "stats.csv", stats)
+    unrelated = inter["unrelated_interfering"][:20]
+    for p in unrelated:
+        p["i_description"] = records[p["i"]]["description"][:160]
+        p["j_description"] = records[p["j"]]["description"][:160]
+    summary = {k: inter[k] for k in ("bins", "bin_counts", "base_rates", "n_pairs", "n_described",
+                                     "n_unrelated_interfering", "min_interference", "cutoff")}
+    summary["n_clusters"] = {k: int(len(set(v))) for k, v in inter["clusters"].items()}
+    summary["top_unrelated_interfering"] = unrelated
+    write_json_atomic(out / "interference.json", summary)
+    write_json_atomic(out / "results.json", {
+        "config": cfg, "versions": versions(), "seconds": round(time.time() - started, 1),
+        "residual_median_norm": norm, "saes": sae_rows, "features": feats, "interference": summary,
+        "pairs": {k: [list(p) for p in v] for k, v in pairs.items()}, "stats": stats})
+    figure(out / "figure.png", stats, summary)
+    log.info("wrote %s", out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""Implementations of ``workbench sae train|features|interference|intervene``: plain functions returning dicts.
+
+The CLI (and the app, and the study) call these; they load what they need, write results next to
+the SAE in the user cache, and never print.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from workbench.errors import WorkbenchError
+
+log = logging.getLogger(__name__)
+
+FEATURES_FILE = "features.json"
+EMBEDDINGS_FILE = "description_embeddings.npy"
+INTERFERENCE_FILE = "interference.json"
+
+
+def _model(model):
+    from workbench.models import load_model
+
+    return load_model(model) if isinstance(model, str) else model
+
+
+def default_store_path(model_name: str, sites: list[str], n_tokens: int, block_len: int) -> Path:
+    from workbench.paths import cache_dir
+
+    tag = "-".join(s.replace("blocks.", "L").replace(".hook_", "-") for s in sites)
+    return cache_dir("saes", "activations") / f"{model_name}-{tag}-{n_tokens}-{block_len}"
+
+
+def run_train(model="smollm2-135m", site: str = "blocks.12.hook_resid_post", name: str | None = None,
+              architecture: str = "topk", n_tokens: int = 2_000_000, train_tokens: int | None = None,
+              d_sae: int | None = None, k: int = 32, l1_coefficient: float = 5.0, lr: float = 4e-4,
+              batch_size: int = 1024, block_len: int = 128, source: str | None = None,
+              activations: str | None = None, collect_sites: list[str] | None = None,
+              collect_budget_s: float | None = None, eval_tokens: int = 4096, resume: bool = True,
+              seed: int = 0, progress: bool = True) -> dict:
+    """Collect activations (resumable), train one SAE, evaluate it; returns its path and metrics.
+
+    ``n_tokens``: corpus tokens to collect; ``train_tokens``: samples the trainer sees (default: what
+    was collected, so more means repeated epochs); ``collect_budget_s`` stops collection early and
+    trains on what exists (recorded). ``collect_sites`` lets one store serve several sites.
+    """
+    from workbench.data.corpus import token_blocks
+    from workbench.sae.load import trained_dir
+    from workbench.sae.train import (
+        ActivationStore,
+        TrainConfig,
+        check_site_matches,
+        collect_activations,
+        evaluate_sae,
+        store_batches,
+        train_sae,
+        update_meta,
+    )
+
+    model = _model(model)
+    model_name = (getattr(model, "workbench", {}) or {}).get("name", model.cfg.model_name)
+    sites = list(dict.fromkeys([*(collect_sites or []), site]))
+    store_path = Path(activations) if activations else default_store_path(model_name, sites, n_tokens, block_len)
+    if activations and (store_path / "manifest.json").exists() and collect_budget_s == 0:
+        store = ActivationStore(store_path)
+    else:
+        store = collect_activations(model, sites, store_path, n_tokens, block_len=block_len, split="train",
+                                    seed=seed, source=source, time_budget_s=collect_budget_s, progress=progress)
+    collected = len(store.get(site)) if store.n_rows else 0
+    if collected < batch_size:
+        raise WorkbenchError(f"only {collected} activations in {store_path}: collect more (raise the time budget)")
+    d_in = int(store.manifest["d"][site][0])
+    name = name or f"{model_name}-{site.replace('blocks.', 'L').replace('.hook_', '-')}-{architecture}"
+    out = trained_dir(name)
+    cfg = TrainConfig(site=site, architecture=architecture, d_sae=d_sae, k=k, l1_coefficient=l1_coefficient, lr=lr,
+                      batch_size=batch_size, n_tokens=train_tokens or collected, seed=seed, model_name=model_name)
+    sae = train_sae(cfg, store_batches(store, site, batch_size, seed), d_in, out, resume=resume, progress=progress)
+    check_site_matches(model, sae)
+    eval_blocks = token_blocks(model.tokenizer, eval_tokens, block_len, split="heldout", seed=seed, source=source)
+    metrics = evaluate_sae(model, sae, eval_blocks)
+    meta = update_meta(out, metrics=metrics, activations=str(store_path), tokens_collected=collected,
+                       store_complete=store.complete, epochs=cfg.n_tokens / collected)
+    return {"path": str(out), "name": name, **{k_: meta[k_] for k_ in ("tokens_collected", "tokens_trained", "epochs",
+                                                                        "store_complete")}, "metrics": metrics}
+
+
+def run_features(sae: str, model="smollm2-135m", activations: str | None = None, n_top: int = 16,
+                 token_set_frac: float = 0.5, labeller=None, progress: bool = True) -> dict:
+    """Describe every live feature of an SAE over its activation store, embed the descriptions (MiniLM)."""
+    import numpy as np
+
+    from workbench.sae.features import describe_features, embed_texts
+    from workbench.sae.train import ActivationStore, read_meta
+
+    model = _model(model)
+    sae_obj, folder = _load(sae, model)
+    store_path = activations or read_meta(folder).get("activations")
+    if not store_path:
+        raise WorkbenchError("no activation store known for this SAE: pass --activations")
+    store = ActivationStore(store_path)
+    records = describe_features(model, sae_obj, store, n_top=n_top, token_set_frac=token_set_frac,
+                                labeller=labeller, progress=progress)
+    emb = embed_texts([r["description"] for r in records])
+    (folder / FEATURES_FILE).write_text(json.dumps(records))
+    np.save(folder / EMBEDDINGS_FILE, emb)
+    d = sae_obj.cfg.d_sae
+    return {"path": str(folder), "n_features": d, "n_described": len(records), "dead_on_store": d - len(records),
+            "examples": [{k: r[k] for k in ("feature", "description", "frequency")} for r in records[:5]]}
+
+
+def run_interference(sae: str, model="smollm2-135m", k: int = 32, min_interference: float = 0.3,
+                     cutoff: float = 0.40, coactivation: bool = True, block_size: int = 1024) -> dict:
+    """Interference bins and base rates, clusters at the reference cutoffs, unrelated-yet-interfering pairs."""
+    import numpy as np
+
+    from workbench.sae.interference import (
+        CUTOFFS,
+        interference_scan,
+        neuron_connections,
+        pair_table,
+        semantic_clusters,
+        shared_neurons,
+        unrelated_interfering,
+    )
+    from workbench.sae.interference import coactivation as coact
+    from workbench.sae.train import ActivationStore, read_meta
+    from workbench.store import write_json_atomic
+
+    model = _model(model)
+    sae_obj, folder = _load(sae, model)
+    if not (folder / FEATURES_FILE).exists():
+        raise WorkbenchError(f"{folder} has no feature descriptions: run `workbench sae features` first")
+    records = json.loads((folder / FEATURES_FILE).read_text())
+    emb = np.load(folder / EMBEDDINGS_FILE)
+    feats = [r["feature"] for r in records]
+    scan = interference_scan(sae_obj, k=k, block_size=block_size)
+    clusters = semantic_clusters(emb, CUTOFFS)
+    pairs = pair_table(scan, feats, emb, clusters)
+    if pairs:
+        ij = [[p["i"], p["j"]] for p in pairs]
+        _, connected = neuron_connections(model, sae_obj)
+        for p, s in zip(pairs, shared_neurons(connected, ij), strict=True):
+            p["shared_neurons"] = float(s)
+        store_path = read_meta(folder).get("activations")
+        if coactivation and store_path:
+            for p, c in zip(pairs, coact(sae_obj, ActivationStore(store_path), ij), strict=True):
+                p["coactivation"] = float(c)
+    unrelated = unrelated_interfering(pairs, min_interference, cutoff)
+    result = {
+        "bins": scan["bin_labels"], "bin_counts": scan["bin_counts"], "base_rates": scan["base_rates"],
+        "n_pairs": scan["n_pairs"], "k": k, "n_described": len(feats),
+        "n_clusters": {f"{c:.2f}": int(len(set(v))) for c, v in clusters.items()},
+        "clusters": {f"{c:.2f}": v.tolist() for c, v in clusters.items()}, "features": feats,
+        "pairs": pairs, "unrelated_interfering": unrelated[:200], "n_unrelated_interfering": len(unrelated),
+        "min_interference": min_interference, "cutoff": cutoff,
+    }
+    write_json_atomic(folder / INTERFERENCE_FILE, result)
+    return {k_: result[k_] for k_ in ("bins", "bin_counts", "base_rates", "n_pairs", "n_described", "n_clusters",
+                                      "n_unrelated_interfering")} | {"top_unrelated": unrelated[:10],
+                                                                    "path": str(folder / INTERFERENCE_FILE)}
+
+
+def run_intervene(sae: str, prompt: str, locus: str = "feature", feature: int = 0, scale: float = 8.0,
+                  target_feature: int | None = None, model="smollm2-135m", k: int = 30) -> dict:
+    """One intervention: next-token top tokens before/after and the shift toward the target feature."""
+    from workbench.sae.features import records_by_feature
+    from workbench.sae.interventions import intervene
+
+    model = _model(model)
+    sae_obj, folder = _load(sae, model)
+    file = folder / FEATURES_FILE
+    if not file.exists():
+        raise WorkbenchError(f"{folder} has no feature descriptions: run `workbench sae features` first")
+    records = records_by_feature(json.loads(file.read_text()))
+    return intervene(model, sae_obj, prompt, locus, feature, scale, target_feature, records=records, k=k)
+
+
+def _load(sae, model):
+    from workbench.sae.load import load_sae, trained_dir
+
+    folder = Path(sae) if (Path(sae) / "cfg.json").exists() else trained_dir(str(sae))
+    return load_sae(folder if (folder / "cfg.json").exists() else sae, model=model), folder
