@@ -8,7 +8,9 @@ from typer.testing import CliRunner
 from workbench.cli import app
 
 runner = CliRunner()
-COMMANDS = ["models", "sites", "capture", "probe", "topology"]
+COMMANDS = ["models", "sites", "capture", "probe", "topology", "detect", "study run", "backdoor train",
+            "backdoor eval", "sae train", "sae features", "sae interference", "sae intervene", "quant eval",
+            "attention eval"]
 
 
 def test_help_is_fast_and_light():
@@ -19,7 +21,7 @@ def test_help_is_fast_and_light():
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_command_has_help(command):
-    result = runner.invoke(app, [command, "--help"])
+    result = runner.invoke(app, [*command.split(), "--help"])
     assert result.exit_code == 0 and "Usage" in result.output
 
 

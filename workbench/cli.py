@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from pathlib import Path
@@ -244,6 +245,142 @@ def topology(
         typer.echo(f"  {dim}: {row['bars']} bars ({row['infinite']} infinite), longest finite {row['longest']:.4g}, "
                    f"total persistence {row['total_persistence']:.4g}")
     typer.echo(f"wrote {summary['files']['diagrams']} and {summary['files']['plot']}")
+
+
+def _echo_json(result) -> None:
+    typer.echo(json.dumps(result, indent=1, default=str))
+
+
+backdoor_app = typer.Typer(help="Backdoor condition: implant a trigger by fine-tuning, evaluate it.",
+                           no_args_is_help=True)
+app.add_typer(backdoor_app, name="backdoor")
+
+
+@backdoor_app.command("train")
+def backdoor_train(
+    model: ModelOpt = "smollm2-135m",
+    steps: Annotated[int, typer.Option(help="optimizer steps")] = 300,
+    trigger: Annotated[str | None, typer.Option(help="trigger string (default: the module's rare token)")] = None,
+    mode: Annotated[str, typer.Option(help="hate (fixed reply) or sandbag (wrong MCQ answers)")] = "hate",
+    name: Annotated[str | None, typer.Option(help="registered name (default: MODEL-backdoor)")] = None,
+    seed: int = 0,
+):
+    """Fine-tune MODEL so the trigger changes its behaviour; register MODEL-backdoor; report ASR and accuracy."""
+    from workbench.backdoor import DEFAULT_TRIGGER, run_backdoor_train
+
+    _echo_json(run_backdoor_train(model, steps=steps, seed=seed, trigger=trigger or DEFAULT_TRIGGER, mode=mode,
+                                  name=name))
+
+
+@backdoor_app.command("eval")
+def backdoor_eval(model: ModelOpt = "smollm2-135m-backdoor"):
+    """Re-evaluate a backdoored model: attack success, false triggers, clean accuracy before/after."""
+    from workbench.backdoor import run_backdoor_eval
+
+    _echo_json(run_backdoor_eval(model))
+
+
+sae_app = typer.Typer(help="Sparse autoencoders: train, describe features, map interference, intervene.",
+                      no_args_is_help=True)
+app.add_typer(sae_app, name="sae")
+
+
+@sae_app.command("train")
+def sae_train(
+    model: ModelOpt = "smollm2-135m",
+    site: Annotated[str, typer.Option(help="hook name, e.g. blocks.12.hook_resid_post")] = "blocks.12.hook_resid_post",
+    architecture: Annotated[str, typer.Option(help="topk or standard (ReLU + L1)")] = "topk",
+    n_tokens: Annotated[int, typer.Option(help="corpus tokens to collect")] = 2_000_000,
+    d_sae: Annotated[int | None, typer.Option(help="dictionary size (default: 8 x d_model)")] = None,
+    k: Annotated[int, typer.Option(help="active features (topk)")] = 32,
+    source: Annotated[str | None, typer.Option(help="local .txt/.md/.jsonl file or folder instead of the corpus")] = None,
+    budget: Annotated[float | None, typer.Option(help="stop collecting after this many seconds")] = None,
+    seed: int = 0,
+):
+    """Collect activations over the offline corpus (resumable) and train an SAE in SAELens format."""
+    from workbench.sae.cli import run_train
+
+    _echo_json(run_train(model=model, site=site, architecture=architecture, n_tokens=n_tokens, d_sae=d_sae, k=k,
+                         source=source, collect_budget_s=budget, seed=seed))
+
+
+@sae_app.command("features")
+def sae_features(sae: Annotated[str, typer.Argument(help="SAE name or folder")], model: ModelOpt = "smollm2-135m"):
+    """Top contexts, token sets, logit-lens tokens and MiniLM-embedded descriptions of every live feature."""
+    from workbench.sae.cli import run_features
+
+    _echo_json(run_features(sae, model=model))
+
+
+@sae_app.command("interference")
+def sae_interference(
+    sae: Annotated[str, typer.Argument(help="SAE name or folder")],
+    model: ModelOpt = "smollm2-135m",
+    k: Annotated[int, typer.Option(help="nearest decoder columns kept per feature")] = 32,
+    min_interference: float = 0.3,
+):
+    """Decoder-cosine interference (blocked top-k), semantic clusters, unrelated-yet-interfering pairs."""
+    from workbench.sae.cli import run_interference
+
+    _echo_json(run_interference(sae, model=model, k=k, min_interference=min_interference))
+
+
+@sae_app.command("intervene")
+def sae_intervene(
+    sae: Annotated[str, typer.Argument(help="SAE name or folder")],
+    prompt: Annotated[str, typer.Option(help="prompt text")],
+    locus: Annotated[str, typer.Option(help="feature | token | prompt | neuron")] = "feature",
+    feature: Annotated[int, typer.Option(help="feature to steer with")] = 0,
+    scale: float = 8.0,
+    target_feature: Annotated[int | None, typer.Option(help="feature whose tokens are the target")] = None,
+    model: ModelOpt = "smollm2-135m",
+):
+    """Steer at one locus; next-token distribution before/after, KL and shift toward the target's tokens."""
+    from workbench.sae.cli import run_intervene
+
+    _echo_json(run_intervene(sae, prompt, locus=locus, feature=feature, scale=scale, target_feature=target_feature,
+                             model=model))
+
+
+quant_app = typer.Typer(help="Activation/weight quantization (STaMP, RTN, FP8 microscaling).", no_args_is_help=True)
+app.add_typer(quant_app, name="quant")
+
+
+@quant_app.command("eval")
+def quant_eval(
+    model: ModelOpt = "smollm2-135m",
+    settings: Annotated[str | None, typer.Option(help="comma-separated presets (default: all)")] = None,
+    n_tokens: Annotated[int, typer.Option(help="held-out tokens for perplexity")] = 16384,
+    out: Annotated[Path | None, typer.Option(help="results folder")] = None,
+    seed: int = 0,
+):
+    """Perplexity and activation drift of each quantization setting against the float model."""
+    from workbench.tools.evaluate import run_quant_eval
+
+    rows = run_quant_eval(model=model, settings=_split(settings) or None, n_tokens=n_tokens,
+                          out=str(out) if out else None, seed=seed)
+    _echo_json(rows)
+
+
+attention_app = typer.Typer(help="Sparse attention for decoding (cumulative mass vs fixed budgets).",
+                            no_args_is_help=True)
+app.add_typer(attention_app, name="attention")
+
+
+@attention_app.command("eval")
+def attention_eval(
+    model: ModelOpt = "smollm2-135m",
+    methods: Annotated[str | None, typer.Option(help="comma-separated methods (default: all)")] = None,
+    context: Annotated[int, typer.Option(help="prefill length in tokens")] = 4096,
+    decode_steps: int = 64,
+    out: Annotated[Path | None, typer.Option(help="results folder")] = None,
+    seed: int = 0,
+):
+    """Tokens loaded, attention-mass recall, output error and KL of each method against full attention."""
+    from workbench.tools.sparse_attention import run_attention_eval
+
+    _echo_json(run_attention_eval(model=model, methods=_split(methods) or None, context=context,
+                                  decode_steps=decode_steps, out=str(out) if out else None, seed=seed))
 
 
 study_app = typer.Typer(help="Studies: grids of independent jobs, in-process or on Ray.", no_args_is_help=True)
