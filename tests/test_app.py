@@ -28,6 +28,47 @@ def make_probe_report(tiny, folder: Path) -> Path:
     return folder
 
 
+def make_sae(tiny, folder: Path) -> Path:
+    """A small TopK SAE on the tiny model's layer-1 residual, with features.json beside it (a few seconds)."""
+    import json
+
+    import numpy as np
+
+    from workbench.sae.features import describe_features
+    from workbench.sae.train import TrainConfig, collect_activations, store_batches, train_sae
+
+    sae_dir = folder / "sae-tiny-L1"
+    if (sae_dir / "features.json").exists():
+        return sae_dir
+    text = folder / "text"
+    text.mkdir(parents=True, exist_ok=True)
+    words = ["river", "bank", "money", "loan", "water", "fish", "stream", "credit", "cash", "boat"]
+    rng = np.random.default_rng(0)
+    for d in range(8):
+        (text / f"doc{d}.txt").write_text(" ".join(" ".join(rng.choice(words, 8)) + "." for _ in range(30)))
+    site = "blocks.1.hook_resid_post"
+    store = collect_activations(tiny, [site], folder / "acts", n_tokens=32 * 64, block_len=64, split="all",
+                                source=text, batch_size=16, shard_blocks=32, progress=False)
+    cfg = TrainConfig(site=site, architecture="topk", d_sae=64, k=4, n_tokens=4096, batch_size=256, lr=2e-3,
+                      n_checkpoints=0, model_name="tiny")
+    sae = train_sae(cfg, store_batches(store, site, 256), tiny.cfg.d_model, sae_dir, resume=False, progress=False)
+    records = describe_features(tiny, sae, store, n_top=8, progress=False)
+    (sae_dir / "features.json").write_text(json.dumps(records))
+    return sae_dir
+
+
+@pytest.fixture(scope="session")
+def sae_dir(tiny, tmp_path_factory):
+    pytest.importorskip("sae_lens")
+    return make_sae(tiny, tmp_path_factory.getbasetemp() / "app-sae")
+
+
+@pytest.fixture
+def with_sae(app_env, sae_dir, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_APP_SAES", str(sae_dir.parent))
+    return sae_dir
+
+
 @pytest.fixture(scope="session")
 def report_dir(tiny, tmp_path_factory):
     return make_probe_report(tiny, tmp_path_factory.getbasetemp() / "app-probe")
@@ -189,6 +230,19 @@ def test_features_page_says_what_to_run_without_an_sae(app_env):
     assert "workbench sae train" in texts(at.info) and not at.error
 
 
+def test_features_page_browses_a_feature(with_sae):
+    at = open_page("features")
+    assert not at.error and not at.info
+    assert isinstance(at.session_state["feat_feature"], int)
+    assert [m.label for m in at.metric] == ["max activation", "firing frequency", "token set"]
+    assert len(plotly_charts(at)) == 1  # the activation histogram
+    interfering, semantic = at.dataframe[0].value, at.dataframe[1].value
+    assert len(interfering) == 10 and interfering["interference"].is_monotonic_decreasing
+    assert len(semantic) == 10 and semantic["semantic cos"].is_monotonic_decreasing
+    at.text_input(key="feat_query").input("fires on").run()
+    assert not at.exception
+
+
 # ----------------------------------------------------------------------------- playground
 
 
@@ -226,6 +280,20 @@ def test_playground_sae_loci_say_what_to_run(app_env, locus):
     at.radio(key="play_locus").set_value(locus).run()
     assert "workbench sae train" in texts(at.info)
     assert at.button(key="play_run").disabled
+
+
+@pytest.mark.parametrize("locus", ["feature", "token", "prompt", "neuron"])
+def test_playground_sae_loci_move_the_next_token(with_sae, locus):
+    at = open_page("playground")
+    at.radio(key="play_locus").set_value(locus).run()
+    if locus in ("prompt", "neuron"):
+        at.radio(key="play_source").set_value("an SAE feature").run()
+    at.number_input(key="play_new").set_value(3).run()
+    at.button(key="play_run").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    shift = at.session_state["play_result"][1]
+    assert shift.kl > 0 and len(plotly_charts(at)) == 1
+    assert {"overlap_before", "overlap_after", "n_entered_topk"} <= set(shift.metrics)
 
 
 # ----------------------------------------------------------------------------- Model tools

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_app import make_probe_report
+from tests.test_app import make_probe_report, make_sae
 
 CHROMIUM = Path("/usr/bin/chromium")
 REPO = Path(__file__).resolve().parents[1]
@@ -42,8 +42,9 @@ def free_port() -> int:
 def app_url(tiny, tmp_path_factory):
     """`streamlit run apps/main.py` from the repo root (so .streamlit/config.toml applies) on a free port."""
     run = make_probe_report(tiny, tmp_path_factory.getbasetemp() / "app-probe")
+    sae = make_sae(tiny, tmp_path_factory.getbasetemp() / "app-sae")
     port = free_port()
-    env = {**os.environ, "WORKBENCH_APP_RUN": str(run), "WORKBENCH_APP_MODEL": "tiny",
+    env = {**os.environ, "WORKBENCH_APP_RUN": str(run), "WORKBENCH_APP_MODEL": "tiny", "WORKBENCH_APP_SAES": str(sae.parent),
            "WORKBENCH_CACHE": str(tmp_path_factory.mktemp("cache")), "OMP_NUM_THREADS": "1"}
     log = (tmp_path_factory.getbasetemp() / "streamlit.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "apps/main.py", "--server.port", str(port)],
@@ -127,9 +128,13 @@ def test_topology_page_draws_diagrams_and_follows_the_layer(page, app_url):
     shoot(page, "topology")
 
 
-def test_features_page_says_what_to_run(page, app_url):
+def test_features_page_shows_a_feature(page, app_url):
     open_page(page, app_url, "features", "Features")
-    page.get_by_text("workbench sae train").first.wait_for()
+    page.get_by_role("heading", name="Top contexts").wait_for()
+    page.locator("mark").first.wait_for()  # the activating token, highlighted
+    page.locator(".js-plotly-plot .barlayer .point").first.wait_for(state="attached")  # activation histogram
+    assert page.locator(".js-plotly-plot .barlayer .point").count() > 0
+    page.get_by_text("Most interfering").wait_for()
     assert_no_exception(page)
     shoot(page, "features")
 
@@ -140,7 +145,7 @@ def test_playground_intervention_draws_bars(page, app_url):
     page.get_by_role("group", name="scale").wait_for()
     page.get_by_role("button", name="Intervene").click()
     page.locator(".js-plotly-plot .barlayer .point").first.wait_for()
-    page.get_by_text("KL(before || after)").wait_for()
+    page.get_by_text("KL(after || before)").wait_for()
     assert page.locator(".js-plotly-plot .barlayer .point").count() >= 6  # before and after bars
     assert_no_exception(page)
     shoot(page, "playground")

@@ -1,14 +1,108 @@
-"""Features: browse an SAE's features (top contexts, activation histogram, interfering and related features)."""
+"""Features: what one SAE feature responds to, and which features interfere with it or mean the same."""
 
+import html
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
 import streamlit as st
 from wbapp.models import default_model
-from wbapp.sae import find_saes, has_module, sae_status
-from wbapp.ui import missing
+from wbapp.sae import FEATURES_FILE, feature_records, find_saes, get_sae, has_module, sae_status
+from wbapp.ui import missing, user_errors
 
 st.title("Features")
-saes = find_saes() if has_module("features") else []
+saes = [p for p in find_saes() if (p / FEATURES_FILE).exists()] if has_module("features") else []
 if not saes:
-    missing(*sae_status(default_model(), "feature browser"))
+    missing(*sae_status(default_model(), "The feature browser"))
     st.stop()
-st.selectbox("SAE", [str(p) for p in saes], key="feat_sae")
-missing("The feature browser for trained SAEs is not wired yet in this version.", "workbench sae features --help")
+
+
+@st.cache_resource(show_spinner="scanning decoder interference...", max_entries=4)
+def interference(path: str, k: int):
+    from workbench.sae.interference import interference_scan
+
+    return interference_scan(get_sae(path), k=k)
+
+
+@st.cache_resource(show_spinner="embedding feature descriptions (MiniLM)...", max_entries=4)
+def description_embeddings(path: str, mtime_ns: int):
+    from workbench.sae.features import embed_texts
+
+    records = feature_records(path)
+    order = sorted(records)
+    return order, embed_texts([records[j]["description"] for j in order])
+
+
+def highlight(context: str) -> str:
+    """A context with its activating token (between « ») marked, safe as HTML."""
+    from workbench.sae.features import MARK
+
+    text = html.escape(context).replace(MARK[0], "<mark><b>").replace(MARK[1], "</b></mark>")
+    return f"<code style='white-space: pre-wrap'>{text}</code>"
+
+
+path = st.selectbox("SAE", [str(p) for p in saes], key="feat_sae", format_func=lambda p: f"{p}")
+with user_errors():
+    sae = get_sae(path)
+    records = feature_records(path)
+st.caption(f"site `{sae.cfg.metadata.hook_name}` · {sae.cfg.d_sae} features, {len(records)} described")
+
+query = st.text_input("search descriptions", key="feat_query", placeholder="e.g. money")
+live = sorted(records, key=lambda j: -records[j]["frequency"])
+shown = [j for j in live if query.lower() in records[j]["description"].lower()] or live
+feature = st.selectbox("feature (most frequent first)", shown, key="feat_feature",
+                       format_func=lambda j: f"{j}: {records[j]['description'][:90]}")
+r = records[feature]
+
+m = st.columns(3)
+m[0].metric("max activation", f"{r['max_activation']:.3g}")
+m[1].metric("firing frequency", f"{r['frequency']:.2%}")
+m[2].metric("token set", len(r["token_set"]))
+st.markdown(f"**description** {html.escape(r['description'])}")
+
+left, right = st.columns([3, 2])
+with left:
+    st.subheader("Top contexts")
+    st.html("<br>".join(highlight(c) for c in r["contexts"]) or "no contexts")
+    st.markdown("**fires on** " + ", ".join(f"`{t!r}`" for t in r["token_set_text"][:20]))
+    st.markdown("**promotes (logit lens)** " + ", ".join(f"`{t!r}`" for t in r["logit_lens"][:10]))
+with right:
+    import plotly.graph_objects as go
+
+    from workbench.sae.features import HIST_EDGES
+
+    fig = go.Figure(go.Bar(x=HIST_EDGES[1 : len(r["histogram"]) + 1], y=r["histogram"]))
+    fig.update_layout(title="activation histogram (non-zero activations)", xaxis_type="log",
+                      xaxis_title="activation (bin upper edge)", yaxis_title="tokens", template="plotly_white",
+                      height=320)
+    st.plotly_chart(fig, width="stretch", key="feat_hist")
+
+st.subheader("Neighbours")
+k = min(10, sae.cfg.d_sae - 1)
+with user_errors():
+    scan = interference(path, k)
+    order, emb = description_embeddings(path, (Path(path) / FEATURES_FILE).stat().st_mtime_ns)
+row = {j: i for i, j in enumerate(order)}
+semantic = emb @ emb[row[feature]] if feature in row else np.zeros(len(order))
+
+
+def describe(j: int) -> str:
+    return records[j]["description"][:100] if j in records else "(not described: dead or skipped)"
+
+
+a, b = st.columns(2)
+a.markdown("**Most interfering** (|cos| of decoder directions)")
+a.dataframe(pd.DataFrame({
+    "feature": scan["top_index"][feature], "interference": scan["top_cos"][feature],
+    "semantic cos": [float(semantic[row[j]]) if j in row else np.nan for j in scan["top_index"][feature]],
+    "description": [describe(int(j)) for j in scan["top_index"][feature]],
+}), hide_index=True, width="stretch")
+nearest = [order[i] for i in np.argsort(-semantic) if order[i] != feature][:k]
+W = sae.W_dec.detach().float()
+W = W / W.norm(dim=1, keepdim=True).clamp(min=1e-12)
+b.markdown("**Semantically nearest** (cosine of MiniLM description embeddings)")
+b.dataframe(pd.DataFrame({
+    "feature": nearest, "semantic cos": [float(semantic[row[j]]) for j in nearest],
+    "interference": [float((W[j] @ W[feature]).abs()) for j in nearest],
+    "description": [describe(j) for j in nearest],
+}), hide_index=True, width="stretch")

@@ -75,7 +75,7 @@ with quant_tab:
             text = format_chat(model, prompt) if has_chat_template(model) else prompt
             with st.spinner(f"running {setting} and float"):
                 st.session_state["quant_shift"] = (setting, next_token_shift(
-                    model, text, lambda: apply_setting(model, setting), new_tokens=12))
+                    model, text, change=lambda: apply_setting(model, setting), new_tokens=12))
     if st.session_state.get("quant_shift"):
         shown, shift = st.session_state["quant_shift"]
         st.plotly_chart(shift_figure(shift, f"float (before) vs {shown} (after)"), width="stretch", key="quant_bars")

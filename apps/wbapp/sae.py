@@ -1,39 +1,96 @@
-"""What the SAE pages need from the SAE analyzer (``workbench.sae``), and what to run when it is missing."""
+"""SAEs for the Features page and the playground: where they are, loading them once, their feature records.
+
+An SAE is a SAELens folder (``cfg.json`` + ``sae_weights.safetensors``); its feature descriptions
+(``workbench.sae.features.describe_features`` records) are read from ``features.json`` beside it.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 
-from wbapp.runs import REPO
+import streamlit as st
 
+from wbapp.runs import REPO
+from workbench.errors import WorkbenchError
+
+FEATURES_FILE = "features.json"
 TRAIN = "workbench sae train --model {model}"
+DESCRIBE = "workbench sae features {sae}"
 
 
 def has_module(name: str) -> bool:
-    """Whether ``workbench.sae.<name>`` exists in this checkout (the analyzer lands module by module)."""
+    """Whether ``workbench.sae.<name>`` exists in this checkout."""
     try:
         return importlib.util.find_spec(f"workbench.sae.{name}") is not None
     except ModuleNotFoundError:
         return False
 
 
-def find_saes(roots: list[Path] | None = None) -> list[Path]:
-    """SAE folders in SAELens format (cfg.json + sae_weights.safetensors) under the default places."""
-    if roots is None:
-        from workbench.paths import cache_dir
+def search_roots() -> list[Path]:
+    """Our trained SAEs (user cache), the studies' results, and ``$WORKBENCH_APP_SAES``."""
+    from workbench.paths import cache_dir
 
-        roots = [cache_dir("saes"), REPO / "studies"]
-        roots += [Path(p) for p in os.environ.get("WORKBENCH_APP_SAES", "").split(os.pathsep) if p]
-    found = {p.parent.resolve() for root in roots if root.is_dir() for p in root.rglob("sae_weights.safetensors")
-             if (p.parent / "cfg.json").exists() and "checkpoints" not in p.parts}
+    roots = [cache_dir("saes"), REPO / "studies"]
+    return roots + [Path(p).expanduser() for p in os.environ.get("WORKBENCH_APP_SAES", "").split(os.pathsep) if p]
+
+
+def find_saes(roots: list[Path] | None = None) -> list[Path]:
+    """SAE folders in SAELens format under the roots (training checkpoints left out)."""
+    found = set()
+    for root in roots if roots is not None else search_roots():
+        if root.is_dir():
+            found |= {p.parent.resolve() for p in root.rglob("sae_weights.safetensors")
+                      if (p.parent / "cfg.json").exists() and "checkpoints" not in p.parts}
     return sorted(found)
 
 
-def sae_status(model: str, locus: str = "feature") -> tuple[str, str]:
+@st.cache_resource(show_spinner="loading the SAE...", max_entries=4)
+def get_sae(path: str):
+    from workbench.sae.load import load_sae
+
+    return load_sae(path)
+
+
+def feature_records(path: str | Path) -> dict[int, dict]:
+    """``{feature: record}`` from the SAE folder's features.json; a one-line error says how to make it."""
+    file = Path(path) / FEATURES_FILE
+    if not file.is_file():
+        raise WorkbenchError(f"{path} has no {FEATURES_FILE} (feature descriptions): run `{DESCRIBE.format(sae=path)}`")
+    return _records(str(file), file.stat().st_mtime_ns)
+
+
+@st.cache_data(max_entries=4, show_spinner=False)
+def _records(file: str, mtime_ns: int) -> dict[int, dict]:
+    from workbench.sae.features import records_by_feature
+
+    try:
+        return records_by_feature(json.loads(Path(file).read_text()))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise WorkbenchError(f"{file} is not a list of feature records ({exc}); re-run `workbench sae features`") from None
+
+
+def sae_status(model: str, what: str = "this view") -> tuple[str, str]:
     """(what is missing, the command that provides it) for an SAE-based view."""
-    if not (has_module("features") and has_module("interventions")):
-        return (f"The {locus} view needs the SAE analyzer (`workbench.sae.features`, `.interventions`), "
-                "which this checkout does not have yet. Update the checkout, then", TRAIN.format(model=model))
-    return f"No SAE trained for {model} yet.", TRAIN.format(model=model)
+    if not has_module("interventions"):
+        return (f"{what} needs the SAE analyzer (`workbench.sae`), which this checkout does not have. "
+                "Update it, then", TRAIN.format(model=model))
+    return f"{what} needs a trained SAE with feature descriptions; none found for {model}.", TRAIN.format(model=model)
+
+
+def sae_picker(key: str, model) -> tuple[object, dict] | None:
+    """Choose an SAE that fits ``model`` and has feature records; ``None`` (with what to run) when there is none."""
+    saes = [p for p in find_saes() if (p / FEATURES_FILE).exists()] if has_module("interventions") else []
+    if not saes:
+        from wbapp.ui import missing
+
+        missing(*sae_status(model.cfg.model_name, "This locus"))
+        return None
+    path = st.selectbox("SAE", [str(p) for p in saes], key=key, format_func=lambda p: f"{Path(p).name}  ·  {p}")
+    sae = get_sae(path)
+    from workbench.sae.train import check_site_matches
+
+    check_site_matches(model, sae)
+    return sae, feature_records(path)
