@@ -1,0 +1,37 @@
+"""The functions behind `workbench sae train|features|interference|intervene`, end to end on the tiny model."""
+
+import numpy as np
+import pytest
+
+from workbench.errors import WorkbenchError
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("text")
+    words = ["river", "bank", "money", "loan", "water", "fish", "door", "opened", "saw", "the"]
+    rng = np.random.default_rng(1)
+    for d in range(30):
+        (folder / f"d{d}.txt").write_text(" ".join(" ".join(rng.choice(words, 8)) + "." for _ in range(30)))
+    return folder
+
+
+def test_run_functions_end_to_end(tiny, text, tmp_path, monkeypatch):
+    from workbench.sae.cli import run_features, run_interference, run_intervene, run_train
+
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))
+    res = run_train(tiny, "blocks.2.hook_resid_post", name="t", n_tokens=64 * 64, block_len=64, d_sae=128, k=8,
+                    batch_size=256, train_tokens=8192, lr=2e-3, eval_tokens=128, source=str(text), progress=False)
+    assert res["tokens_collected"] == 64 * 63 and res["tokens_trained"] == 8192
+    assert set(res["metrics"]) >= {"l0", "explained_variance", "dead_fraction", "ce_recovered"}
+    feats = run_features("t", tiny, progress=False)
+    assert feats["n_described"] > 0
+    inter = run_interference("t", tiny, k=8, min_interference=0.1)
+    assert inter["n_pairs"] == 128 * 127 // 2 and abs(sum(inter["base_rates"]) - 1) < 1e-9
+    f = feats["examples"][0]["feature"]
+    out = run_intervene("t", "the river", "feature", f, 4.0, model=tiny)
+    assert out["kl"] > 0 and len(out["after"]) == 10
+    with pytest.raises(WorkbenchError):
+        run_intervene("t", "the river", "feature", 10_000, 4.0, model=tiny)
+    with pytest.raises(WorkbenchError):
+        run_interference("no-such-sae", tiny)
