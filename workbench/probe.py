@@ -64,11 +64,9 @@ def condition_prompts(model, condition: str, config: ProbeConfig) -> list[dict]:
         from workbench.data.injection import generate_injection_pairs
 
         records = generate_injection_pairs(config.n_pairs, seed=config.seed)
-    elif condition == "backdoor":
-        try:
-            from workbench.backdoor import backdoor_prompts
-        except ImportError:
-            raise WorkbenchError("the backdoor condition is not available in this version: use --condition injection") from None
+    elif condition == "backdoor":  # needs a backdoored model (`workbench backdoor train`); refuses others clearly
+        from workbench.backdoor import backdoor_prompts
+
         records = backdoor_prompts(model, config.n_pairs, seed=config.seed)
     else:
         raise WorkbenchError(f"unknown condition {condition!r}: use one of {', '.join(CONDITIONS)} or both")
