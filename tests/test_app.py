@@ -230,6 +230,16 @@ def test_features_page_says_what_to_run_without_an_sae(app_env):
     assert "workbench sae train" in texts(at.info) and not at.error
 
 
+def test_features_page_names_the_describe_command_for_an_undescribed_sae(app_env, sae_dir, monkeypatch):
+    import shutil
+
+    bare = app_env / "saes" / "bare"
+    shutil.copytree(sae_dir, bare, ignore=shutil.ignore_patterns("features.json", "description_embeddings.npy"))
+    monkeypatch.setenv("WORKBENCH_APP_SAES", str(bare.parent))
+    at = open_page("features")
+    assert f"workbench sae features {bare.resolve()} --model tiny" in texts(at.info) and not at.error
+
+
 def test_features_page_browses_a_feature(with_sae):
     at = open_page("features")
     assert not at.error and not at.info

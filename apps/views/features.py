@@ -1,13 +1,22 @@
 """Features: what one SAE feature responds to, and which features interfere with it or mean the same."""
 
 import html
+import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import streamlit as st
 from wbapp.models import default_model
-from wbapp.sae import FEATURES_FILE, feature_records, find_saes, get_sae, has_module, sae_status
+from wbapp.sae import (
+    EMBEDDINGS_FILE,
+    FEATURES_FILE,
+    feature_records,
+    find_saes,
+    get_sae,
+    has_module,
+    sae_status,
+)
 from wbapp.ui import missing, user_errors
 
 st.title("Features")
@@ -26,11 +35,17 @@ def interference(path: str, k: int):
 
 @st.cache_resource(show_spinner="embedding feature descriptions (MiniLM)...", max_entries=4)
 def description_embeddings(path: str, mtime_ns: int):
+    """The MiniLM embeddings `workbench sae features` saved (in the records' order), else computed once."""
+    records = json.loads((Path(path) / FEATURES_FILE).read_text())
+    order = [int(r["feature"]) for r in records]
+    saved = Path(path) / EMBEDDINGS_FILE
+    if saved.exists():
+        emb = np.load(saved)
+        if len(emb) == len(order):
+            return order, emb
     from workbench.sae.features import embed_texts
 
-    records = feature_records(path)
-    order = sorted(records)
-    return order, embed_texts([records[j]["description"] for j in order])
+    return order, embed_texts([r["description"] for r in records])
 
 
 def highlight(context: str) -> str:
@@ -71,10 +86,11 @@ with right:
 
     from workbench.sae.features import HIST_EDGES
 
-    fig = go.Figure(go.Bar(x=HIST_EDGES[1 : len(r["histogram"]) + 1], y=r["histogram"]))
-    fig.update_layout(title="activation histogram (non-zero activations)", xaxis_type="log",
-                      xaxis_title="activation (bin upper edge)", yaxis_title="tokens", template="plotly_white",
-                      height=320)
+    edges = HIST_EDGES[: len(r["histogram"]) + 1]  # log-spaced bins: categorical x keeps them equally wide
+    fig = go.Figure(go.Bar(x=[f"{a:.2g}-{b:.2g}" for a, b in zip(edges[:-1], edges[1:], strict=True)],
+                           y=r["histogram"]))
+    fig.update_layout(title="activation histogram (non-zero activations)", xaxis_title="activation bin",
+                      yaxis_title="tokens", template="plotly_white", height=340)
     st.plotly_chart(fig, width="stretch", key="feat_hist")
 
 st.subheader("Neighbours")

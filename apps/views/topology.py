@@ -83,8 +83,12 @@ for col, fig, key in ((a, auc_figure(result, "AUC by layer: PH vs linear probe")
 with st.expander("effect sizes of every summary feature"):
     st.plotly_chart(effect_heatmap(result, f"{model} / {condition}"), width="stretch", key="heatmap")
 if result.get("neuron_flow", {}).get("gaps"):
-    fig = flow_figure(result["neuron_flow"], "neuron-level flow: total H1 persistence of neuron-pair clouds")
-    fig.add_vline(x=layer, line_dash="dash", line_color="grey")
+    flow = result["neuron_flow"]
+    fig = flow_figure(flow, "neuron-level flow: total H1 persistence of neuron-pair clouds")
+    if layer in flow["layers"]:  # the figure's x is the position in the captured layers, not the layer number
+        fig.add_vline(x=flow["layers"].index(layer), line_dash="dash", line_color="grey")
+    fig.update_xaxes(tickvals=list(range(len(flow["layers"]))), ticktext=[str(L) for L in flow["layers"]],
+                     title_text="first layer of the pair")
     st.plotly_chart(fig, width="stretch", key="flow")
 else:
     missing("This run has no neuron-level flow.", "workbench probe --quick  (flow_samples > 0, at least 2 layers)")

@@ -16,9 +16,10 @@ import streamlit as st
 from wbapp.runs import REPO
 from workbench.errors import WorkbenchError
 
-FEATURES_FILE = "features.json"
-TRAIN = "workbench sae train --model {model}"
-DESCRIBE = "workbench sae features {sae}"
+FEATURES_FILE = "features.json"  # workbench.sae.cli.FEATURES_FILE (kept importable without the SAE extra)
+EMBEDDINGS_FILE = "description_embeddings.npy"  # workbench.sae.cli.EMBEDDINGS_FILE
+TRAIN = "workbench sae train --model {model} && workbench sae features {model}-L12-resid_post-topk --model {model}"
+DESCRIBE = "workbench sae features {sae} --model {model}"
 
 
 def has_module(name: str) -> bool:
@@ -54,11 +55,20 @@ def get_sae(path: str):
     return load_sae(path)
 
 
+def sae_model(path: str | Path) -> str:
+    """The model an SAE we trained belongs to (from its workbench.json), for the commands we suggest."""
+    try:
+        return json.loads((Path(path) / "workbench.json").read_text())["config"]["model_name"]
+    except (OSError, ValueError, KeyError):
+        return "MODEL"
+
+
 def feature_records(path: str | Path) -> dict[int, dict]:
     """``{feature: record}`` from the SAE folder's features.json; a one-line error says how to make it."""
     file = Path(path) / FEATURES_FILE
     if not file.is_file():
-        raise WorkbenchError(f"{path} has no {FEATURES_FILE} (feature descriptions): run `{DESCRIBE.format(sae=path)}`")
+        raise WorkbenchError(f"{path} has no feature descriptions: run "
+                             f"`{DESCRIBE.format(sae=path, model=sae_model(path))}`")
     return _records(str(file), file.stat().st_mtime_ns)
 
 
@@ -77,7 +87,11 @@ def sae_status(model: str, what: str = "this view") -> tuple[str, str]:
     if not has_module("interventions"):
         return (f"{what} needs the SAE analyzer (`workbench.sae`), which this checkout does not have. "
                 "Update it, then", TRAIN.format(model=model))
-    return f"{what} needs a trained SAE with feature descriptions; none found for {model}.", TRAIN.format(model=model)
+    undescribed = [p for p in find_saes() if not (p / FEATURES_FILE).exists()]
+    if undescribed:
+        return (f"{what} needs feature descriptions; {len(undescribed)} SAE(s) have none yet.",
+                DESCRIBE.format(sae=undescribed[0], model=sae_model(undescribed[0])))
+    return f"{what} needs a trained SAE with feature descriptions; none found.", TRAIN.format(model=model)
 
 
 def sae_picker(key: str, model) -> tuple[object, dict] | None:
