@@ -33,13 +33,13 @@ class Shift:
         return self.metrics["kl"]
 
 
-def _continue(model, text: str, n: int) -> str:
+def _continue(model, text: str, hooks, n: int) -> str:
+    """Greedy continuation with the hooks active at every step (the workbench's KV-cached generation)."""
     if n <= 0:
         return ""
-    tokens = model.to_tokens(text)
-    with torch.no_grad():
-        out = model.generate(tokens, max_new_tokens=n, do_sample=False, verbose=False, stop_at_eos=True)
-    return model.to_string(out[0, tokens.shape[1]:])
+    from workbench.tools.generate import generate
+
+    return generate(model, text, hooks=list(hooks), max_new_tokens=n)[0]["text"]
 
 
 def next_token_shift(model, text: str, changed_text: str | None = None, fwd_hooks=(),
@@ -56,10 +56,10 @@ def next_token_shift(model, text: str, changed_text: str | None = None, fwd_hook
     if not text.strip():
         raise WorkbenchError("type a prompt first")
     before = next_token_probs(model, [text])[0]
-    cont_before = _continue(model, text, new_tokens)
-    with (change or contextlib.nullcontext)(), model.hooks(fwd_hooks=list(fwd_hooks)):
-        after = next_token_probs(model, [changed_text])[0]
-        cont_after = _continue(model, changed_text, new_tokens)
+    cont_before = _continue(model, text, (), new_tokens)
+    with (change or contextlib.nullcontext)():
+        after = next_token_probs(model, [changed_text], list(fwd_hooks))[0]
+        cont_after = _continue(model, changed_text, fwd_hooks, new_tokens)
     metrics = next_token_metrics(before.numpy(), after.numpy(), target_tokens, k=k)
     top = torch.cat([before.topk(k).indices, after.topk(k).indices]).unique()
     top = top[before[top].argsort(descending=True)]
