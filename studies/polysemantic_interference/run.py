@@ -235,10 +235,11 @@ def main() -> None:
     for n, spec in enumerate(cfg["saes"]):
         spec = dict(spec)
         res = run_train(model, spec.pop("site"), architecture=spec.pop("architecture"), n_tokens=c["n_tokens"],
-                        train_tokens=cfg["train_tokens"], block_len=c["block_len"], activations=str(store_path),
+                        train_tokens=spec.pop("train_tokens", cfg["train_tokens"]), block_len=c["block_len"], activations=str(store_path),
                         collect_sites=c["sites"], collect_budget_s=c["budget_s"] if n == 0 else 0,
                         eval_tokens=cfg["eval_tokens"], seed=cfg["seed"], source=args.source, progress=False,
-                        name=f"study-{cfg['model']}-{n}", **spec)
+                        name=f"study-{cfg['model']}-{n}-{cfg['saes'][n]['site'].split('.')[1]}-"
+                             f"{cfg['saes'][n]['architecture']}-{cfg['saes'][n].get('d_sae')}", **spec)
         sae_rows.append({"name": res["name"], "site": res["metrics"]["site"], "architecture": cfg["saes"][n]["architecture"],
                          "d_sae": cfg["saes"][n].get("d_sae"), "tokens_collected": res["tokens_collected"],
                          "tokens_trained": res["tokens_trained"], "epochs": round(res["epochs"], 2),

@@ -238,6 +238,10 @@ def train_sae(cfg: TrainConfig, batches: Iterator, d_in: int, out: str | Path, r
     sae = TrainingSAE.load_from_disk(latest) if latest else _training_sae(cfg, d_in)
     if sae.cfg.d_in != d_in:
         raise WorkbenchError(f"SAE d_in {sae.cfg.d_in} does not match the activations' {d_in}: use a fresh --out")
+    if latest and (sae.cfg.metadata.hook_name != cfg.site or sae.cfg.architecture() != cfg.architecture
+                   or (cfg.d_sae and sae.cfg.d_sae != cfg.d_sae)):
+        raise WorkbenchError(f"{out} holds a checkpoint of another SAE ({sae.cfg.metadata.hook_name}, "
+                             f"{sae.cfg.architecture()}, d_sae={sae.cfg.d_sae}): use another name or resume=False")
     trainer = SAETrainer(tcfg, sae, batches)
     if latest:
         trainer.load_trainer_state(latest)
