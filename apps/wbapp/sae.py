@@ -15,9 +15,10 @@ import streamlit as st
 
 from wbapp.runs import REPO
 from workbench.errors import WorkbenchError
+from workbench.sae.cli import (  # where `workbench sae features` writes (no SAELens import)
+    FEATURES_FILE,
+)
 
-FEATURES_FILE = "features.json"  # workbench.sae.cli.FEATURES_FILE (kept importable without the SAE extra)
-EMBEDDINGS_FILE = "description_embeddings.npy"  # workbench.sae.cli.EMBEDDINGS_FILE
 TRAIN = "workbench sae train --model {model} && workbench sae features {model}-L12-resid_post-topk --model {model}"
 DESCRIBE = "workbench sae features {sae} --model {model}"
 
