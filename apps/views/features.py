@@ -9,7 +9,6 @@ import pandas as pd
 import streamlit as st
 from wbapp.models import default_model
 from wbapp.sae import (
-    EMBEDDINGS_FILE,
     FEATURES_FILE,
     feature_records,
     find_saes,
@@ -18,6 +17,8 @@ from wbapp.sae import (
     sae_status,
 )
 from wbapp.ui import missing, user_errors
+
+from workbench.sae.cli import EMBEDDINGS_FILE
 
 st.title("Features")
 saes = [p for p in find_saes() if (p / FEATURES_FILE).exists()] if has_module("features") else []
