@@ -10,7 +10,7 @@ from workbench.cli import app
 runner = CliRunner()
 COMMANDS = ["models", "sites", "capture", "probe", "topology", "detect", "study run", "backdoor train",
             "backdoor eval", "sae train", "sae features", "sae interference", "sae intervene", "quant eval",
-            "attention eval"]
+            "attention eval", "generate"]
 
 
 def test_help_is_fast_and_light():
@@ -62,3 +62,9 @@ def test_topology_command_on_a_circle(tmp_path):
     assert "H1: 1 bars" in result.output
     doc = json.loads((tmp_path / "o" / "diagrams.json").read_text())
     assert len(doc["dgms"][1]) == 1 and doc["dgms"][0][-1][1] is None
+
+
+def test_generate_command_on_tiny():
+    result = runner.invoke(app, ["generate", "--model", "tiny", "--prompt", "hello", "--max-new-tokens", "4"])
+    assert result.exit_code == 0, result.output
+    assert "text" in json.loads(result.output)

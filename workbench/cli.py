@@ -383,6 +383,30 @@ def attention_eval(
                                   decode_steps=decode_steps, out=str(out) if out else None, seed=seed))
 
 
+@app.command()
+def generate(
+    prompt: Annotated[str, typer.Option(help="prompt text")],
+    model: ModelOpt = "smollm2-135m",
+    max_new_tokens: int = 64,
+    temperature: Annotated[float, typer.Option(help="0 = greedy")] = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    stop: Annotated[list[str] | None, typer.Option(help="stop string (repeatable)")] = None,
+    chat: Annotated[bool, typer.Option("--chat/--raw", help="wrap the prompt in the chat template")] = False,
+    best_of: Annotated[int, typer.Option(help="N samples; > 1 selects by --reward")] = 1,
+    lam: Annotated[float | None, typer.Option("--lambda", help="Soft Best-of-N temperature (omit: hard BoN)")] = None,
+    reward: Annotated[str | None, typer.Option(help="target:TEXT (log-probability of TEXT after the sample)")] = None,
+    steer: Annotated[str | None, typer.Option(help="neuron:L:idx:scale and/or quant:stampB, comma-separated")] = None,
+    seed: int = 0,
+):
+    """Hooked generation (steering, quantization), optionally Best-of-N / Soft Best-of-N with a KL bound."""
+    from workbench.tools.generate import run_generate
+
+    _echo_json(run_generate(model=model, prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature,
+                            top_p=top_p, top_k=top_k, stop=tuple(stop or ()), chat=chat, best_of=best_of, lam=lam,
+                            reward=reward, steer=steer, seed=seed))
+
+
 study_app = typer.Typer(help="Studies: grids of independent jobs, in-process or on Ray.", no_args_is_help=True)
 app.add_typer(study_app, name="study")
 
