@@ -233,7 +233,7 @@ def capture(
             length_t = torch.tensor(lengths, device=device)
             real = torch.arange(tokens.shape[1], device=device)[None, :] < length_t[:, None]
             mask = _span_masks(offsets, [r[span_field] for r in batch], lengths, device) if positions == "span" else real
-            got = _run_sites(model, tokens, sites, positions, length_t, mask)
+            got = run_sites(model, tokens, sites, positions, length_t, mask)
             shard_base = len(buffer_rows)
             for site in sites:
                 buffer.setdefault(site, []).append(got[site].to("cpu", store_dtype))
@@ -258,7 +258,7 @@ def capture(
     return store
 
 
-def _run_sites(model, tokens, sites, positions, lengths, mask):
+def run_sites(model, tokens, sites, positions, lengths, mask):
     """One forward pass; returns {site: reduced activations}, stopping once every site has fired."""
     import torch
 

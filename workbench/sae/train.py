@@ -52,7 +52,7 @@ def collect_activations(model, sites: list[str], out: str | Path, n_tokens: int,
     import torch
     from tqdm.auto import tqdm
 
-    from workbench.capture import _run_sites, check_sites
+    from workbench.capture import check_sites, run_sites
     from workbench.data.corpus import token_blocks
 
     sites = check_sites(model, sites)
@@ -92,7 +92,7 @@ def collect_activations(model, sites: list[str], out: str | Path, n_tokens: int,
             for b in range(0, len(chunk), batch_size):
                 tokens = chunk[b : b + batch_size].to(device)
                 lengths = torch.full((len(tokens),), L, device=device)
-                got = _run_sites(model, tokens, sites, "all", lengths, mask.expand(len(tokens), L))
+                got = run_sites(model, tokens, sites, "all", lengths, mask.expand(len(tokens), L))
                 for s in sites:
                     parts[s].append(got[s].to("cpu", store_dtype))
                 bar.update(len(tokens))
@@ -147,7 +147,7 @@ def model_batches(model, site: str, blocks, batch_size: int, seed: int = 0, buff
     """Endless batches of ``site`` activations computed on the fly from token ``blocks`` (no store on disk)."""
     import torch
 
-    from workbench.capture import _run_sites, check_sites
+    from workbench.capture import check_sites, run_sites
 
     check_sites(model, [site])
     gen = torch.Generator().manual_seed(seed)
@@ -158,7 +158,7 @@ def model_batches(model, site: str, blocks, batch_size: int, seed: int = 0, buff
             tokens = blocks[i].to(model.cfg.device)
             mask = torch.ones_like(tokens, dtype=torch.bool)
             mask[:, 0] = False
-            x = _run_sites(model, tokens, [site], "all", torch.full((len(tokens),), L, device=tokens.device), mask)[site]
+            x = run_sites(model, tokens, [site], "all", torch.full((len(tokens),), L, device=tokens.device), mask)[site]
             x = _check_finite(x.float().cpu(), f"the model's {site}")
             if carry is not None:
                 x = torch.cat([carry, x])
