@@ -129,18 +129,29 @@ def store_batches(store: ActivationStore, site: str, batch_size: int, seed: int 
     if n_shards == 0:
         raise WorkbenchError(f"{store.path} has no activations yet: run the collection (it resumes)")
     gen = torch.Generator().manual_seed(seed)
+
+    def chunks():
+        while True:
+            order = torch.randperm(n_shards, generator=gen).tolist()
+            for i in range(0, n_shards, 2):
+                x = torch.cat([store.read_shard(j).tensors[site].float() for j in order[i : i + 2]])
+                yield _check_finite(x, f"{store.path} ({site})")
+
+    yield from _shuffled_batches(chunks(), batch_size, gen)
+
+
+def _shuffled_batches(chunks, batch_size: int, gen) -> Iterator:
+    """Shuffle each chunk (with the remainder of the previous one) and cut it into full batches."""
+    import torch
+
     carry = None
-    while True:
-        order = torch.randperm(n_shards, generator=gen).tolist()
-        for i in range(0, n_shards, 2):
-            x = torch.cat([store.read_shard(j).tensors[site].float() for j in order[i : i + 2]])
-            _check_finite(x, f"{store.path} ({site})")
-            if carry is not None:
-                x = torch.cat([carry, x])
-            x = x[torch.randperm(len(x), generator=gen)]
-            full = len(x) // batch_size * batch_size
-            yield from x[:full].split(batch_size)
-            carry = x[full:]
+    for x in chunks:
+        if carry is not None:
+            x = torch.cat([carry, x])
+        x = x[torch.randperm(len(x), generator=gen)]
+        full = len(x) // batch_size * batch_size
+        yield from x[:full].split(batch_size)
+        carry = x[full:]
 
 
 def model_batches(model, site: str, blocks, batch_size: int, seed: int = 0, buffer_blocks: int = 32) -> Iterator:
@@ -152,20 +163,18 @@ def model_batches(model, site: str, blocks, batch_size: int, seed: int = 0, buff
     check_sites(model, [site])
     gen = torch.Generator().manual_seed(seed)
     L = blocks.shape[1]
-    carry = None
-    while True:
-        for i in torch.randperm(len(blocks), generator=gen).split(buffer_blocks):
-            tokens = blocks[i].to(model.cfg.device)
-            mask = torch.ones_like(tokens, dtype=torch.bool)
-            mask[:, 0] = False
-            x = run_sites(model, tokens, [site], "all", torch.full((len(tokens),), L, device=tokens.device), mask)[site]
-            x = _check_finite(x.float().cpu(), f"the model's {site}")
-            if carry is not None:
-                x = torch.cat([carry, x])
-            x = x[torch.randperm(len(x), generator=gen)]
-            full = len(x) // batch_size * batch_size
-            yield from x[:full].split(batch_size)
-            carry = x[full:]
+
+    def chunks():
+        while True:
+            for i in torch.randperm(len(blocks), generator=gen).split(buffer_blocks):
+                tokens = blocks[i].to(model.cfg.device)
+                mask = torch.ones_like(tokens, dtype=torch.bool)
+                mask[:, 0] = False
+                lengths = torch.full((len(tokens),), L, device=tokens.device)
+                x = run_sites(model, tokens, [site], "all", lengths, mask)[site]
+                yield _check_finite(x.float().cpu(), f"the model's {site}")
+
+    yield from _shuffled_batches(chunks(), batch_size, gen)
 
 
 # ----------------------------------------------------------------------------- training
