@@ -336,7 +336,7 @@ def test_model_tools_without_study_results(app_env, monkeypatch):
     monkeypatch.setattr(wbapp.runs, "REPO", app_env)  # a checkout with no studies/*/results
     at = open_page("tools")
     info = texts(at.info)
-    assert "studies/quantization/run.py" in info and "studies/sparse_attention/run.py" in info
+    assert "study run studies/quantization/config.yaml" in info and "studies/sparse_attention/config.yaml" in info
     assert not at.get("plotly_chart") and not at.error
 
 

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -73,3 +74,68 @@ def test_cli_study_run(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert "1/1 jobs done" in result.output
     assert json.loads((tmp_path / "r" / "results.json").read_text())["rows"][0]["noise"] == 0.1
+
+
+def marker_report(outcome, out):
+    """A report hook: proves write_results calls it with the outcome, after the table exists."""
+    assert (out / "results.csv").exists()
+    (out / "report.txt").write_text(f"{len(outcome['jobs'])} {outcome['config']['quick']}")
+
+
+def test_grid_list_quick_overrides_and_report(tmp_path):
+    config = {"name": "t", "seed": 2, "job": "tests.test_study:flaky", "report": "tests.test_study:marker_report",
+              "grid": [{"n": [2, 4], "tag": ["a"]}, {"n": [6], "tag": ["b"]}],
+              "fixed": {"opts": {"x": 1, "y": 2}, "z": 0},
+              "quick": {"opts": {"y": 3}, "grid": {"n": [8]}}}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    full = load_config(path)
+    assert [(j["n"], j["tag"]) for j in expand(full)] == [(2, "a"), (4, "a"), (6, "b")]
+    quick = load_config(path, quick=True)
+    assert expand(quick) == [{"seed": 2, "opts": {"x": 1, "y": 3}, "z": 0, "n": 8}]
+    outcome = run_study(path, cache=tmp_path / "jobs", progress=False, quick=True)
+    write_results(outcome, tmp_path / "r")
+    assert (tmp_path / "r" / "report.txt").read_text() == "1 True"
+    assert json.loads((tmp_path / "r" / "results.json").read_text())["config"]["quick"] is True
+    path.write_text(yaml.safe_dump({k: v for k, v in config.items() if k != "quick"}))
+    with pytest.raises(WorkbenchError, match="no 'quick' section"):
+        load_config(path, quick=True)
+
+
+@pytest.mark.parametrize("config", sorted(Path(__file__).parents[1].glob("studies/*/config.yaml")),
+                         ids=lambda p: p.parent.name)
+def test_every_study_is_a_runner_config(config):
+    """Each study is config + `workbench study run` + results: its job and report resolve and its grid expands."""
+    from workbench.study import resolve_job
+
+    for quick in (False, True) if "quick" in yaml.safe_load(config.read_text()) else (False,):
+        loaded = load_config(config, quick=quick)
+        resolve_job(loaded["job"])
+        if loaded.get("report"):
+            resolve_job(loaded["report"])
+        jobs = expand(loaded)
+        assert jobs and all("model" in job and job["seed"] == loaded["seed"] for job in jobs)
+
+
+def test_tool_studies_through_the_runner(tmp_path, monkeypatch):
+    """The quantization and sparse-attention jobs and reports on the tiny model: table + per-model files."""
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
+    text = tmp_path / "text.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 200)
+    common = {"seed": 0, "grid": {"model": ["tiny"]}}
+    quant = {**common, "name": "q", "job": "workbench.study_jobs:quant", "report": "workbench.study_jobs:quant_report",
+             "fixed": {"settings": ["A8", "A4+sink"], "n_tokens": 256, "block_len": 64, "batch_size": 2,
+                       "drift_blocks": 1, "split": "all", "source": str(text), "progress": False}}
+    attention = {**common, "name": "a", "job": "workbench.study_jobs:attention",
+                 "report": "workbench.study_jobs:attention_report",
+                 "fixed": {"methods": ["full", "tactic:0.9", "h2o:auto"], "context": 96, "decode_steps": 4,
+                           "split": "all", "source": str(text), "progress": False}}
+    for config, key, n in ((quant, "setting", 3), (attention, "method", 3)):
+        path = tmp_path / f"{config['name']}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        out = write_results(run_study(path, progress=False), tmp_path / config["name"])
+        table = results_table(run_study(path, progress=False))  # cached: same rows
+        assert len(table) == n and table[0][key] in ("float", "full")
+        record = json.loads((out / "tiny" / "results.json").read_text())
+        assert [r[key] for r in record["rows"]] == [r[key] for r in table]
+        assert record["config"]["quick"] is False and (out / "tiny" / "figure.html").exists()

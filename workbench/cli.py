@@ -418,11 +418,12 @@ def study_run(
     address: Annotated[str | None, typer.Option(help="join an existing Ray cluster (default: start a local one)")] = None,
     retries: Annotated[int, typer.Option(help="retries of a failed job before it is reported")] = 1,
     out: Annotated[Path | None, typer.Option(help="results folder (default: results/ beside the config)")] = None,
+    quick: Annotated[bool, typer.Option(help="apply the config's `quick` overrides (minutes, not hours)")] = False,
 ):
-    """Run every job of a study not already cached; write results.csv and results.json."""
+    """Run every job of a study not already cached; write results.csv, results.json and the study's figures."""
     from workbench.study import run_study, write_results
 
-    outcome = run_study(config, engine=engine, address=address, retries=retries)
+    outcome = run_study(config, engine=engine, address=address, retries=retries, quick=quick)
     folder = write_results(outcome, out or Path(config).parent / "results")
     done = len(outcome["jobs"]) - len(outcome["failed"])
     typer.echo(f"study {outcome['name']}: {done}/{len(outcome['jobs'])} jobs done -> {folder}/results.csv")

@@ -7,6 +7,11 @@ A study config (YAML) names a job function and a grid::
     job: workbench.study_jobs:probe          # module:function(params: dict, work: Path) -> dict
     grid: {model: [smollm2-135m, gemma3-270m], condition: [injection]}
     fixed: {n_pairs: 300, layers: every-2}   # passed to every job
+    quick: {n_pairs: 50}                     # --quick: overrides of fixed (and of grid, under "grid")
+    report: workbench.study_jobs:probe_report  # optional: fn(outcome, out) writes figures beside the table
+
+``grid`` may also be a list of such mappings: the union of their products (e.g. the backdoor
+condition only on the backdoored model).
 
 Every grid point becomes a job whose id is a hash of its parameters. A finished job's
 result is cached as JSON and never recomputed; a failed job is retried, then reported
@@ -31,7 +36,8 @@ log = logging.getLogger(__name__)
 ENGINES = ("local", "ray")
 
 
-def load_config(path: str | Path) -> dict:
+def load_config(path: str | Path, quick: bool = False) -> dict:
+    """The config with defaults; ``quick`` applies its ``quick`` overrides (nested mappings merged one level)."""
     import yaml
 
     path = Path(path)
@@ -47,14 +53,25 @@ def load_config(path: str | Path) -> dict:
     config.setdefault("name", path.parent.name)
     config.setdefault("seed", 0)
     config.setdefault("fixed", {})
+    overrides = dict(config.pop("quick", None) or {})
+    config["quick"] = bool(quick)
+    if quick:
+        if not overrides:
+            raise WorkbenchError(f"{path} has no 'quick' section: run it without --quick")
+        config["grid"] = overrides.pop("grid", config["grid"])
+        for key, value in overrides.items():
+            old = config["fixed"].get(key)
+            config["fixed"][key] = {**old, **value} if isinstance(old, dict) and isinstance(value, dict) else value
     return config
 
 
 def expand(config: dict) -> list[dict]:
     """The grid's cartesian product, in config order, each with ``seed`` and the fixed parameters."""
     grid = config["grid"]
+    if isinstance(grid, list) and grid:
+        return [job for part in grid for job in expand({**config, "grid": part})]
     if not isinstance(grid, dict) or not grid:
-        raise WorkbenchError("'grid' must map parameter names to lists of values")
+        raise WorkbenchError("'grid' must map parameter names to lists of values (or be a list of such mappings)")
     keys = list(grid)
     values = [v if isinstance(v, list) else [v] for v in grid.values()]
     if any(not v for v in values):
@@ -101,16 +118,19 @@ def run_study(
     retries: int = 1,
     cache: str | Path | None = None,
     progress: bool = True,
+    quick: bool = False,
 ) -> dict:
-    """Run every job of the study not already cached; returns {"jobs": [...], "failed": [...]}."""
+    """Run every job of the study not already cached; returns {"jobs": [...], "failed": [...], "config": ...}."""
     from tqdm.auto import tqdm
 
     from workbench.paths import cache_dir
 
     if engine not in ENGINES:
         raise WorkbenchError(f"unknown engine {engine!r}: use local or ray")
-    config = load_config(config_path)
+    config = load_config(config_path, quick=quick)
     resolve_job(config["job"])  # fail before starting anything
+    if config.get("report"):
+        resolve_job(config["report"])
     jobs = expand(config)
     folder = Path(cache) if cache else cache_dir("studies", config["name"], "jobs")
     folder.mkdir(parents=True, exist_ok=True)
@@ -142,7 +162,8 @@ def run_study(
     finally:
         bar.close()
     ordered = [records[job_id(config["job"], p)] for p in jobs]
-    return {"name": config["name"], "jobs": ordered, "failed": [r for r in ordered if r["status"] != "done"]}
+    return {"name": config["name"], "config": config, "jobs": ordered,
+            "failed": [r for r in ordered if r["status"] != "done"]}
 
 
 def _run_ray(job: str, todo: list, work: str, retries: int, address: str | None, finish) -> None:
@@ -178,7 +199,7 @@ def results_table(outcome: dict) -> list[dict]:
 
 
 def write_results(outcome: dict, out: str | Path) -> Path:
-    """``results.csv`` and ``results.json`` (with versions) in ``out``."""
+    """``results.csv`` and ``results.json`` (config, versions) in ``out``, then the config's ``report`` if any."""
     import csv
 
     from workbench.report import versions
@@ -194,6 +215,9 @@ def write_results(outcome: dict, out: str | Path) -> Path:
             writer.writeheader()
             writer.writerows(rows)
         tmp.replace(out / "results.csv")
-    write_json_atomic(out / "results.json", {"name": outcome["name"], "versions": versions(), "rows": rows,
-                                             "failed": outcome["failed"]})
+    config = outcome.get("config", {})
+    write_json_atomic(out / "results.json", {"name": outcome["name"], "config": config, "versions": versions(),
+                                             "rows": rows, "failed": outcome["failed"]})
+    if config.get("report") and any(r["status"] == "done" for r in outcome["jobs"]):
+        resolve_job(config["report"])(outcome, out)
     return out

@@ -51,3 +51,134 @@ def cloud_topology(params: dict, work: Path) -> dict:
     summary = BarcodeSummary().fit([result])
     values = summary.transform([result])[0]
     return {name: float(v) for name, v in zip(summary.get_feature_names_out(), values, strict=True)}
+
+
+# ----------------------------------------------------------------------------- the studies' jobs and reports
+# A report is ``fn(outcome, out)``: it writes a study's figures and per-job files beside the runner's table.
+
+SIGNATURE = ("h0_death_mean", "h1_count", "h1_persistence_mean", "h1_entropy")
+
+
+def probe_report(outcome: dict, out: Path) -> None:
+    """signature_by_layer.png: per model and condition, PH vs probe AUC and the signature's effect sizes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from workbench.study import results_table
+
+    rows = results_table(outcome)
+    panels = sorted({(r["model"], r["condition"]) for r in rows})
+    fig, axes = plt.subplots(len(panels), 2, figsize=(12, 3.6 * len(panels)), squeeze=False)
+    for m, (name, condition) in enumerate(panels):
+        mine = sorted((r for r in rows if r["model"] == name and r["condition"] == condition), key=lambda r: r["layer"])
+        layers = [r["layer"] for r in mine]
+        ax = axes[m, 0]
+        ax.plot(layers, [r["auc_ph"] for r in mine], "o-", label="PH summary + LR")
+        ax.plot(layers, [r["auc_probe_rows"] for r in mine], "s--", label="linear probe (per prompt)")
+        ax.plot(layers, [r["auc_probe_means"] for r in mine], "^:", label="linear probe (subsample means)")
+        ax.set_ylim(0.4, 1.02)
+        ax.set_title(f"{name}, {condition}: clean vs adversarial, cross-validated AUC")
+        ax.set_xlabel("layer")
+        ax.legend(fontsize=8)
+        ax = axes[m, 1]
+        for feature in SIGNATURE:
+            g = [r[f"{feature}_g"] for r in mine]
+            err = [[r[f"{feature}_g"] - r[f"{feature}_g_low"] for r in mine],
+                   [r[f"{feature}_g_high"] - r[f"{feature}_g"] for r in mine]]
+            ax.errorbar(layers, g, yerr=err, marker="o", capsize=2, label=feature)
+        ax.axhline(0, color="grey", lw=0.8, ls=":")
+        ax.set_title(f"{name}, {condition}: effect (Hedges g, 95% CI)")
+        ax.set_xlabel("layer")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(Path(out) / "signature_by_layer.png", dpi=110)
+    plt.close(fig)
+
+
+def quant(params: dict, work: Path) -> list[dict]:
+    """``workbench quant eval`` of one model: a row per setting (perplexities, bits, per-layer drift)."""
+    from workbench.tools.evaluate import run_quant_eval
+
+    params = dict(params)
+    return run_quant_eval(model=params.pop("model"), settings=params.pop("settings"), **params)
+
+
+def quant_report(outcome: dict, out: Path) -> None:
+    """results/<model>/: results.csv, results.json, results.md and figure.html (what the app shows)."""
+    from workbench.tools.evaluate import write_quant_results
+
+    for job in _done(outcome):
+        p = job["params"]
+        write_quant_results(job["result"], Path(out) / p["model"], p["model"], p["block_len"], p["settings"],
+                            source=p.get("source"), config={**p, "quick": outcome["config"]["quick"]})
+
+
+def attention(params: dict, work: Path) -> list[dict]:
+    """``workbench attention eval`` of one model: a row per method (keys loaded, recall, KL, perplexity)."""
+    from workbench.tools.sparse_attention import run_attention_eval
+
+    params = dict(params)
+    return run_attention_eval(model=params.pop("model"), methods=params.pop("methods"), **params)
+
+
+def attention_report(outcome: dict, out: Path) -> None:
+    """results/<model>/: results.csv, results.json, results.md and figure.html (what the app shows)."""
+    from workbench.tools.sparse_attention import write_attention_results
+
+    for job in _done(outcome):
+        p = job["params"]
+        write_attention_results(job["result"], Path(out) / p["model"], p["model"], p["context"], p["decode_steps"],
+                                source=p.get("source"), config={**p, "quick": outcome["config"]["quick"]})
+
+
+def backdoor(params: dict, work: Path) -> dict:
+    """Implant a backdoor (resuming from checkpoints), register the derived model; headline rates + the evaluation."""
+    from workbench.backdoor import run_backdoor_train
+
+    params = dict(params)
+    for key in ("layers", "params"):
+        if params.get(key) is not None:
+            params[key] = tuple(params[key])
+    result = run_backdoor_train(params.pop("model"), **params)
+    before, after = result["before"], result["after"]
+    return {**{f"{metric}_{when}": r[metric] for when, r in (("before", before), ("after", after))
+               for metric in ("attack_success_rate", "false_trigger_rate", "clean_accuracy")},
+            "steps": result["steps"], "train_seconds": result["train_seconds"], "evaluation": result}
+
+
+def backdoor_report(outcome: dict, out: Path) -> None:
+    """results/<name>/results.json: config, the full evaluation, the loss every 10 steps, versions."""
+    from workbench.report import versions
+    from workbench.store import write_json_atomic
+
+    for job in _done(outcome):
+        result = dict(job["result"]["evaluation"])
+        result.pop("config", None)
+        history = result.pop("loss_history", [])
+        write_json_atomic(Path(out) / job["params"]["name"] / "results.json", {
+            "config": job["params"], "result": result, "loss_every_10_steps": history[9::10], "versions": versions()})
+
+
+def polysemantic(params: dict, work: Path) -> dict:
+    """The interference experiment of one model (``workbench.sae.experiment``); headline SAE metrics + everything."""
+    from workbench.sae.experiment import run_experiment
+
+    result = run_experiment(dict(params))
+    main = result["saes"][params["analysis_sae"]]
+    return {"sae": main["name"], **{k: main[k] for k in ("l0", "explained_variance", "dead_fraction", "ce_recovered")},
+            "n_unrelated_interfering": result["interference"]["n_unrelated_interfering"],
+            "n_trials": len(result["trials"]), "experiment": result}
+
+
+def polysemantic_report(outcome: dict, out: Path) -> None:
+    """results/<model>/: saes.csv, interference.json, trials.csv, stats.csv, results.json, figure.png."""
+    from workbench.sae.experiment import write_experiment
+
+    for job in _done(outcome):
+        write_experiment(job["result"]["experiment"], Path(out) / job["params"]["model"])
+
+
+def _done(outcome: dict) -> list[dict]:
+    return [job for job in outcome["jobs"] if job["status"] == "done"]

@@ -12,10 +12,8 @@ from wbapp.ui import missing, user_errors
 from workbench.models import format_chat, has_chat_template
 
 STUDIES = {
-    "quantization": ("python studies/quantization/run.py --config studies/quantization/config.yaml --quick",
-                     "setting"),
-    "sparse_attention": ("python studies/sparse_attention/run.py --config studies/sparse_attention/config.yaml "
-                         "--quick", "method"),
+    "quantization": ("workbench study run studies/quantization/config.yaml --quick", "setting"),
+    "sparse_attention": ("workbench study run studies/sparse_attention/config.yaml --quick", "method"),
 }
 TEXT = ("The committee met on Tuesday to review the budget. After a long discussion about the costs of the new "
         "library wing, the members agreed to postpone the decision until the next quarterly meeting, when the "

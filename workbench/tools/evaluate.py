@@ -308,11 +308,7 @@ def run_quant_eval(model: str = "smollm2-135m", settings: Sequence[str | dict] |
     This is ``workbench quant eval``. ``settings`` defaults to every preset; ``source`` is a
     local .txt/.md/.jsonl file or folder instead of the package-docs corpus.
     """
-    import csv
-    import json
-    from pathlib import Path
-
-    from workbench.data.corpus import corpus_manifest, token_blocks
+    from workbench.data.corpus import token_blocks
     from workbench.models import load_model
 
     chosen = list(settings) if settings else list(PRESETS)
@@ -323,30 +319,43 @@ def run_quant_eval(model: str = "smollm2-135m", settings: Sequence[str | dict] |
     rows = compare_settings(hooked, blocks, resolved, batch_size=batch_size, drift_blocks=drift_blocks,
                             progress=progress)
     if out is not None:
-        folder = Path(out)
-        folder.mkdir(parents=True, exist_ok=True)
-        flat = [{k: v for k, v in r.items() if not k.endswith("per_layer")} for r in rows]
-        with (folder / "results.csv").open("w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=list(flat[0]))
-            writer.writeheader()
-            writer.writerows(flat)
-        record = {
-            "config": config or {"model": model, "n_tokens": n_tokens, "block_len": block_len, "seed": seed,
-                                 "batch_size": batch_size, "drift_blocks": drift_blocks, "split": split,
-                                 "source": source},
-            "settings": [dataclasses.asdict(s) for s in resolved],
-            "environment": environment(),
-            "corpus": None if source else corpus_manifest(),
-            "causality": "ppl: full-sequence prefill (non-causal under sequence transforms); "
-                         "ppl_window_end: predictions at the last position of each 2**levels window only "
-                         "(causal under Haar, NaN when the transform spans the whole sequence).",
-            "rows": rows,
-        }
-        (folder / "results.json").write_text(json.dumps(record, indent=2))
-        (folder / "results.md").write_text(
-            f"{model}, {blocks.numel()} held-out tokens in blocks of {block_len}. ppl: full-sequence prefill; "
-            "ppl_window_end: causal positions only (see workbench.tools.evaluate); drift: relative L2 error "
-            "of resid_post vs float (tokens = without BOS).\n\n" + markdown_table(rows, QUANT_COLUMNS))
-        quant_figure(rows, f"Quantization of {model} ({blocks.numel()} held-out tokens)").write_html(
-            folder / "figure.html", include_plotlyjs="cdn")
+        write_quant_results(rows, out, model, block_len, resolved, source=source, config=config or {
+            "model": model, "n_tokens": n_tokens, "block_len": block_len, "seed": seed, "batch_size": batch_size,
+            "drift_blocks": drift_blocks, "split": split, "source": source})
     return rows
+
+
+def write_quant_results(rows: list[dict], out, model: str, block_len: int, settings: Sequence,
+                        source: str | None = None, config: dict | None = None) -> None:
+    """results.csv, results.json (config, settings, environment, corpus), results.md and figure.html in ``out``."""
+    import csv
+    import json
+    from pathlib import Path
+
+    from workbench.data.corpus import corpus_manifest
+
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    flat = [{k: v for k, v in r.items() if not k.endswith("per_layer")} for r in rows]
+    with (folder / "results.csv").open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(flat[0]))
+        writer.writeheader()
+        writer.writerows(flat)
+    n_tokens = rows[0]["n_tokens"]
+    record = {
+        "config": config,
+        "settings": [dataclasses.asdict(resolve_setting(s)) for s in settings],
+        "environment": environment(),
+        "corpus": None if source else corpus_manifest(),
+        "causality": "ppl: full-sequence prefill (non-causal under sequence transforms); "
+                     "ppl_window_end: predictions at the last position of each 2**levels window only "
+                     "(causal under Haar, NaN when the transform spans the whole sequence).",
+        "rows": rows,
+    }
+    (folder / "results.json").write_text(json.dumps(record, indent=2))
+    (folder / "results.md").write_text(
+        f"{model}, {n_tokens} held-out tokens in blocks of {block_len}. ppl: full-sequence prefill; "
+        "ppl_window_end: causal positions only (see workbench.tools.evaluate); drift: relative L2 error "
+        "of resid_post vs float (tokens = without BOS).\n\n" + markdown_table(rows, QUANT_COLUMNS))
+    quant_figure(rows, f"Quantization of {model} ({n_tokens} held-out tokens)").write_html(
+        folder / "figure.html", include_plotlyjs="cdn")

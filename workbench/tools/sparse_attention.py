@@ -636,13 +636,9 @@ def run_attention_eval(model: str = "smollm2-135m", methods: Sequence[str] | Non
 
     Writes results.csv, results.json (config, versions, per-layer metrics) and figure.html to ``out``.
     """
-    import csv
-    import json
-    from pathlib import Path
 
-    from workbench.data.corpus import corpus_manifest, token_blocks
+    from workbench.data.corpus import token_blocks
     from workbench.models import load_model
-    from workbench.tools.evaluate import environment, markdown_table
 
     methods = list(methods) if methods else ["full", "topp:0.9", "tactic:0.9", "topk:auto", "quest:auto",
                                              "streaming:auto", "h2o:auto"]
@@ -658,22 +654,36 @@ def run_attention_eval(model: str = "smollm2-135m", methods: Sequence[str] | Non
     tokens = token_blocks(hooked.tokenizer, length, length, split=split, seed=seed, source=source)
     rows = compare_attention(hooked, tokens, context, methods, progress=progress)
     if out is not None:
-        folder = Path(out)
-        folder.mkdir(parents=True, exist_ok=True)
-        flat = [{k: v for k, v in r.items() if k != "per_layer"} for r in rows]
-        with (folder / "results.csv").open("w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=list(flat[0]))
-            writer.writeheader()
-            writer.writerows(flat)
-        record = {"config": config or {"model": model, "methods": methods, "context": context,
-                                       "decode_steps": decode_steps, "seed": seed, "split": split, "source": source},
-                  "environment": environment(), "corpus": None if source else corpus_manifest(), "rows": rows}
-        (folder / "results.json").write_text(json.dumps(record, indent=2))
-        (folder / "results.md").write_text(
-            f"{model}: dense prefill of {context} held-out tokens, then {decode_steps} teacher-forced decode steps. "
-            "loaded: fraction of cached keys read per KV head; recall: attention mass kept; out_err: relative error "
-            "of the attention output; kl: KL(full || sparse) of the next-token distribution.\n\n"
-            + markdown_table(rows, ("method", "loaded", "recall", "out_err", "kl", "ppl", "ppl_full"), 4))
-        attention_figure(rows, f"Sparse decode attention on {model}, {context}-token context").write_html(
-            folder / "figure.html", include_plotlyjs="cdn")
+        write_attention_results(rows, out, model, context, decode_steps, source=source, config=config or {
+            "model": model, "methods": methods, "context": context, "decode_steps": decode_steps, "seed": seed,
+            "split": split, "source": source})
     return rows
+
+
+def write_attention_results(rows: list[dict], out, model: str, context: int, decode_steps: int,
+                            source: str | None = None, config: dict | None = None) -> None:
+    """results.csv, results.json (config, versions, corpus, per-layer metrics), results.md and figure.html."""
+    import csv
+    import json
+    from pathlib import Path
+
+    from workbench.data.corpus import corpus_manifest
+    from workbench.tools.evaluate import environment, markdown_table
+
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    flat = [{k: v for k, v in r.items() if k != "per_layer"} for r in rows]
+    with (folder / "results.csv").open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(flat[0]))
+        writer.writeheader()
+        writer.writerows(flat)
+    record = {"config": config, "environment": environment(), "corpus": None if source else corpus_manifest(),
+              "rows": rows}
+    (folder / "results.json").write_text(json.dumps(record, indent=2))
+    (folder / "results.md").write_text(
+        f"{model}: dense prefill of {context} held-out tokens, then {decode_steps} teacher-forced decode steps. "
+        "loaded: fraction of cached keys read per KV head; recall: attention mass kept; out_err: relative error "
+        "of the attention output; kl: KL(full || sparse) of the next-token distribution.\n\n"
+        + markdown_table(rows, ("method", "loaded", "recall", "out_err", "kl", "ppl", "ppl_full"), 4))
+    attention_figure(rows, f"Sparse decode attention on {model}, {context}-token context").write_html(
+        folder / "figure.html", include_plotlyjs="cdn")

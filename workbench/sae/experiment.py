@@ -1,40 +1,25 @@
-"""Polysemantic interference study: train SAEs, map interference, intervene at four loci against baselines.
+"""The within-model interference experiment: train SAEs, map interference, intervene at four loci vs baselines.
 
-python studies/polysemantic_interference/run.py [--config config.yaml] [--quick] [--model tiny --out DIR]
-
-Writes to results/<model>/: saes.csv (per SAE: L0, explained variance, dead fraction, CE recovered,
-tokens), interference.json (bins, base rates, clusters, top unrelated-yet-interfering pairs),
-trials.csv (one row per condition x locus x scale x pair x prompt), stats.csv (interfering vs each
-baseline per locus and scale and best-over-scales: mean difference, bootstrap 95% CI, Mann-Whitney p,
-Benjamini-Hochberg q over every comparison), results.json (config, versions, everything above),
-figure.png.
+``run_experiment(cfg)`` computes (the ``polysemantic`` study job); ``write_experiment(result, out)`` writes
+saes.csv, interference.json, trials.csv (one row per condition x locus x scale x pair x prompt), stats.csv
+(interfering vs each baseline per locus and scale and best-over-scales: mean difference, bootstrap 95% CI,
+Mann-Whitney p, Benjamini-Hochberg q over every comparison), results.json and figure.png.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import logging
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
-import yaml
 
-HERE = Path(__file__).resolve().parent
+log = logging.getLogger(__name__)
+
 METRICS = ("wcos_rel_change", "overlap_delta", "entered_topk", "kl")
 BASELINES = ("random", "related", "low_interference")
-
-
-def load_config(path: Path, quick: bool) -> dict:
-    cfg = yaml.safe_load(path.read_text())
-    if quick:
-        for key, value in cfg.pop("quick", {}).items():
-            cfg[key] = cfg[key] | value if isinstance(value, dict) else value
-    cfg.pop("quick", None)
-    return cfg
 
 
 def choose_pairs(inter: dict, records: dict, W, n: int, rng) -> dict[str, list[tuple[int, int, float]]]:
@@ -200,20 +185,8 @@ def figure(path: Path, stats: list[dict], inter: dict) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=str(HERE / "config.yaml"))
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--model", help="override the config's model (e.g. tiny for a smoke run)")
-    parser.add_argument("--out", help="results folder (default results/<model>)")
-    parser.add_argument("--source", help="text folder/file instead of the installed-packages corpus")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    log = logging.getLogger("study")
-    cfg = load_config(Path(args.config), args.quick)
-    if args.model:
-        cfg["model"] = args.model
-
+def run_experiment(cfg: dict) -> dict:
+    """Everything the study reports, from one config (``model``, ``seed``, ``collect``, ``saes``, ...)."""
     import torch
 
     from workbench.models import load_model
@@ -221,12 +194,10 @@ def main() -> None:
     from workbench.sae.cli import default_store_path, run_features, run_interference, run_train
     from workbench.sae.features import records_by_feature
     from workbench.sae.load import load_sae
-    from workbench.store import ActivationStore, write_json_atomic
+    from workbench.store import ActivationStore
 
     torch.manual_seed(cfg["seed"])
     rng = np.random.default_rng(cfg["seed"])
-    out = Path(args.out) if args.out else HERE / "results" / cfg["model"]
-    out.mkdir(parents=True, exist_ok=True)
     model = load_model(cfg["model"], device="cpu")
     c = cfg["collect"]
     store_path = default_store_path(cfg["model"], c["sites"], c["n_tokens"], c["block_len"])
@@ -235,20 +206,20 @@ def main() -> None:
     for n, spec in enumerate(cfg["saes"]):
         spec = dict(spec)
         res = run_train(model, spec.pop("site"), architecture=spec.pop("architecture"), n_tokens=c["n_tokens"],
-                        train_tokens=spec.pop("train_tokens", cfg["train_tokens"]), block_len=c["block_len"], activations=str(store_path),
-                        collect_sites=c["sites"], collect_budget_s=c["budget_s"] if n == 0 else 0,
-                        eval_tokens=cfg["eval_tokens"], seed=cfg["seed"], source=args.source, progress=False,
+                        train_tokens=spec.pop("train_tokens", cfg["train_tokens"]), block_len=c["block_len"],
+                        activations=str(store_path), collect_sites=c["sites"],
+                        collect_budget_s=c["budget_s"] if n == 0 else 0, eval_tokens=cfg["eval_tokens"],
+                        seed=cfg["seed"], source=cfg.get("source"), progress=False,
                         name=f"study-{cfg['model']}-{n}-{cfg['saes'][n]['site'].split('.')[1]}-"
                              f"{cfg['saes'][n]['architecture']}-{cfg['saes'][n].get('d_sae')}", **spec)
-        sae_rows.append({"name": res["name"], "site": res["metrics"]["site"], "architecture": cfg["saes"][n]["architecture"],
-                         "d_sae": cfg["saes"][n].get("d_sae"), "tokens_collected": res["tokens_collected"],
-                         "tokens_trained": res["tokens_trained"], "epochs": round(res["epochs"], 2),
+        sae_rows.append({"name": res["name"], "site": res["metrics"]["site"],
+                         "architecture": cfg["saes"][n]["architecture"], "d_sae": cfg["saes"][n].get("d_sae"),
+                         "tokens_collected": res["tokens_collected"], "tokens_trained": res["tokens_trained"],
+                         "epochs": round(res["epochs"], 2),
                          **{k: res["metrics"][k] for k in ("l0", "explained_variance", "dead_fraction", "ce_clean",
                                                            "ce_spliced", "ce_zero_ablation", "ce_recovered")},
                          "path": res["path"]})
         log.info("SAE %s: %s", res["name"], res["metrics"])
-    write_csv(out / "saes.csv", [{k: v for k, v in r.items() if k != "path"} for r in sae_rows])
-
     main_sae = sae_rows[cfg["analysis_sae"]]
     feats = run_features(main_sae["path"], model, progress=False)
     ic = cfg["interference"]
@@ -261,9 +232,7 @@ def main() -> None:
     x = ActivationStore(store_path).get(main_sae["site"]).float()
     norm = float(x.norm(dim=1).median())
     rows = run_trials(model, sae, records, pairs, cfg["interventions"], rng, norm, log)
-    write_csv(out / "trials.csv", rows)
     stats = compare(rows, cfg["interventions"]["n_bootstrap"], rng)
-    write_csv(out / "stats.csv", stats)
     unrelated = inter["unrelated_interfering"][:20]
     for p in unrelated:
         p["i_description"] = records[p["i"]]["description"][:160]
@@ -272,14 +241,21 @@ def main() -> None:
                                      "n_unrelated_interfering", "min_interference", "cutoff")}
     summary["n_clusters"] = {k: int(len(set(v))) for k, v in inter["clusters"].items()}
     summary["top_unrelated_interfering"] = unrelated
-    write_json_atomic(out / "interference.json", summary)
-    write_json_atomic(out / "results.json", {
-        "config": cfg, "versions": versions(), "seconds": round(time.time() - started, 1),
-        "residual_median_norm": norm, "saes": sae_rows, "features": feats, "interference": summary,
-        "pairs": {k: [list(p) for p in v] for k, v in pairs.items()}, "stats": stats})
-    figure(out / "figure.png", stats, summary)
-    log.info("wrote %s", out)
+    return {"config": cfg, "versions": versions(), "seconds": round(time.time() - started, 1),
+            "residual_median_norm": norm, "saes": sae_rows, "features": feats, "interference": summary,
+            "pairs": {k: [list(p) for p in v] for k, v in pairs.items()}, "trials": rows, "stats": stats}
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def write_experiment(result: dict, out: str | Path) -> Path:
+    """The study's files in ``out`` (see the module docstring)."""
+    from workbench.store import write_json_atomic
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(out / "saes.csv", [{k: v for k, v in r.items() if k != "path"} for r in result["saes"]])
+    write_csv(out / "trials.csv", result["trials"])
+    write_csv(out / "stats.csv", result["stats"])
+    write_json_atomic(out / "interference.json", result["interference"])
+    write_json_atomic(out / "results.json", {k: v for k, v in result.items() if k != "trials"})
+    figure(out / "figure.png", result["stats"], result["interference"])
+    return out
