@@ -103,3 +103,19 @@ def test_cv_auc_needs_two_classes_and_uses_groups():
     assert out["auc"] > 0.9 and len(out["folds"]) == 4
     with pytest.raises(WorkbenchError, match="two conditions"):
         cv_auc(X, np.zeros(40))
+
+
+def test_part_level_test_is_honest_and_still_finds_a_real_difference():
+    """Per-part means are the independent units: a true difference survives, the null gives few small p."""
+    from workbench.topology.stats import part_means
+
+    f = np.arange(12, dtype=float).reshape(6, 2)
+    assert np.allclose(part_means(f, np.array([0, 1, 0, 1, 0, 1])), [[4, 5], [6, 7]])
+    rng = np.random.default_rng(7)
+    same = rng.standard_normal((240, 4))
+    clouds = {"L0": (same[:120], same[120:]), "L1": (_circles(120, 5), rng.standard_normal((120, 4)) * 0.6)}
+    res = compare_conditions(clouds, k=24, K=16, n_parts=4, n_boot=50, n_perm=200, n_threads=1)
+    assert res.p_parts.shape == res.q_parts.shape == (2, 62)
+    assert res.p_parts[1, res.names.index("h1_count")] < 0.05
+    tested = res.p_parts[0][res.p_parts[0] < 1]  # constant features give p = 1
+    assert (tested < 0.01).mean() < 0.1

@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 COMPRESSION_SIGNATURE = {"h0_death_mean": +1, "h1_count": -1, "h1_persistence_mean": +1, "h1_entropy": -1}
 ADVERSARIAL_LABEL = {"injection": "injected", "backdoor": "triggered"}
 CONDITIONS = tuple(ADVERSARIAL_LABEL)
+LAYER_PROTOCOL = 2  # bump when analyze_layer's output changes: cached layers of another protocol are recomputed
 
 
 @dataclass
@@ -124,8 +125,8 @@ def analyze_layer(clean: np.ndarray, adv: np.ndarray, config: ProbeConfig, seed:
         "k": k, "n_clean": len(clean), "n_adversarial": len(adv), "features": cmp.names,
         "mean_clean": cmp.mean_a[0].tolist(), "mean_adversarial": cmp.mean_b[0].tolist(),
         "g": cmp.g[0].tolist(), "g_low": cmp.g_low[0].tolist(), "g_high": cmp.g_high[0].tolist(),
-        "p_welch": cmp.p_welch[0].tolist(), "p_perm": cmp.p_perm[0].tolist(),
-        "auc_topology": float(cmp.auc_topology[0]), "auc_probe_rows": float(cmp.auc_probe_rows[0]),
+        "p_welch": cmp.p_welch[0].tolist(), "p_perm": cmp.p_perm[0].tolist(), "p_parts": cmp.p_parts[0].tolist(),
+        "protocol": LAYER_PROTOCOL, "auc_topology": float(cmp.auc_topology[0]), "auc_probe_rows": float(cmp.auc_probe_rows[0]),
         "auc_probe_means": float(cmp.auc_probe_means[0]), "example_diagrams": examples,
     }
 
@@ -144,7 +145,8 @@ def analyze_condition(store, condition: str, config: ProbeConfig, work: Path, pr
         cached = work / f"layer-{layer:03d}.json"
         if cached.exists():
             layers[layer] = json.loads(cached.read_text())
-            continue
+            if layers[layer].get("protocol") == LAYER_PROTOCOL:
+                continue
         clean, adv = class_clouds(store, site, adversarial)
         layers[layer] = analyze_layer(clean, adv, config, seed=config.seed + 1000 * index)
         write_json_atomic(cached, layers[layer])
@@ -152,8 +154,10 @@ def analyze_condition(store, condition: str, config: ProbeConfig, work: Path, pr
     names = layers[order[0]]["features"]
     q_perm = benjamini_hochberg(np.array([layers[L]["p_perm"] for L in order]))
     q_welch = benjamini_hochberg(np.array([layers[L]["p_welch"] for L in order]))
+    q_parts = benjamini_hochberg(np.array([layers[L]["p_parts"] for L in order]))
     for i, L in enumerate(order):
         layers[L]["q_perm"], layers[L]["q_welch"] = q_perm[i].tolist(), q_welch[i].tolist()
+        layers[L]["q_parts"] = q_parts[i].tolist()
         layers[L]["moved"] = moved_features(names, layers[L]["g"], layers[L]["q_perm"])
         layers[L]["signature"] = signature_agreement(names, layers[L]["g"], layers[L]["q_perm"])
     result = {"adversarial_label": adversarial, "sites": store.sites, "layers": {str(L): layers[L] for L in order}}
@@ -290,6 +294,7 @@ def report_rows(report: dict) -> list[dict]:
                 i = r["features"].index(feature)
                 row |= {f"{feature}_clean": r["mean_clean"][i], f"{feature}_attack": r["mean_adversarial"][i],
                         f"{feature}_g": r["g"][i], f"{feature}_g_low": r["g_low"][i], f"{feature}_g_high": r["g_high"][i],
-                        f"{feature}_q": r["q_perm"][i], f"{feature}_verdict": r["signature"][feature]}
+                        f"{feature}_q": r["q_perm"][i], f"{feature}_q_parts": r["q_parts"][i],
+                        f"{feature}_verdict": r["signature"][feature]}
             rows.append(row)
     return rows

@@ -58,7 +58,7 @@ st.subheader("Summary features: attack vs clean")
 table = pd.DataFrame({
     "feature": r["features"], "mean clean": r["mean_clean"], f"mean {adv}": r["mean_adversarial"],
     "Hedges g": r["g"], "g CI low": r["g_low"], "g CI high": r["g_high"], "p perm": r["p_perm"],
-    "q perm (BH)": r["q_perm"], "q Welch (BH)": r["q_welch"],
+    "q perm (BH)": r["q_perm"], "q Welch (BH)": r["q_welch"], "q parts (BH)": r.get("q_parts", [float("nan")] * len(r["g"])),
     "signature": [r["signature"].get(f, "") for f in r["features"]],
 })
 only = st.checkbox("only features with q < 0.05", key="topo_only_moved")
@@ -67,7 +67,7 @@ st.dataframe(shown.sort_values("Hedges g", key=abs, ascending=False), hide_index
              column_config={c: st.column_config.NumberColumn(format="%.3g") for c in table.columns[1:-1]})
 expected = ", ".join(f"{f} {'higher' if sign > 0 else 'lower'}" for f, sign in COMPRESSION_SIGNATURE.items())
 st.caption("95% bootstrap CIs; q: Benjamini-Hochberg across layers x features. Subsamples of one part overlap, "
-           "so subsample-level p-values are optimistic: read them with the effect sizes and the AUC. "
+           "so subsample-level p-values are optimistic; q parts is the honest Welch test on per-part means. "
            f"Compression signature under attack: {expected}.")
 if r["moved"]:
     with st.expander(f"what moved at layer {layer}"):

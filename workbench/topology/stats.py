@@ -135,6 +135,11 @@ def welch_test(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return t, p
 
 
+def part_means(features: np.ndarray, part: np.ndarray) -> np.ndarray:
+    """Mean feature vector of each row part: the independent units of the subsample protocol."""
+    return np.stack([features[part == p].mean(0) for p in np.unique(part)])
+
+
 def permutation_test(a: np.ndarray, b: np.ndarray, n_perm: int = 2000, seed: int = 0) -> np.ndarray:
     """Two-sided permutation p of the mean difference per column, (hits + 1) / (n_perm + 1)."""
     rng = np.random.default_rng(seed)
@@ -213,7 +218,12 @@ def cv_auc(X, y, groups=None, n_splits: int = 5, drop_correlated: float | None =
 @dataclass
 class LayerComparison:
     """Per layer and feature: means, Hedges' g (b - a) with CI, Welch and permutation p, BH q
-    (across all layers x features), and per layer the AUCs of topology and of the probes."""
+    (across all layers x features), and per layer the AUCs of topology and of the probes.
+
+    ``p_welch``/``p_perm`` treat the K subsamples as independent, as the reference study did; they
+    are optimistic because subsamples of one part share rows. ``p_parts`` is the honest test: a
+    Welch test on the per-part means (parts are disjoint row sets, so those means are independent).
+    """
 
     layers: list
     names: list[str]
@@ -226,6 +236,8 @@ class LayerComparison:
     p_perm: np.ndarray
     q_welch: np.ndarray
     q_perm: np.ndarray
+    p_parts: np.ndarray
+    q_parts: np.ndarray
     auc_topology: np.ndarray  # (n_layers,)
     auc_probe_rows: np.ndarray
     auc_probe_means: np.ndarray
@@ -269,7 +281,7 @@ def compare_conditions(
     """
     layers = list(clouds)
     stats: dict[str, list] = {
-        key: [] for key in ("ma", "mb", "g", "lo", "hi", "pw", "pp", "auc", "rows", "means")
+        key: [] for key in ("ma", "mb", "g", "lo", "hi", "pw", "pp", "pparts", "auc", "rows", "means")
     }
     names: list[str] = []
     for li, layer in enumerate(layers):
@@ -287,6 +299,7 @@ def compare_conditions(
         stats["hi"].append(hi)
         stats["pw"].append(welch_test(a, b)[1])
         stats["pp"].append(permutation_test(a, b, n_perm=n_perm, seed=seed))
+        stats["pparts"].append(welch_test(part_means(a, sa.part), part_means(b, sb.part))[1])
         y = np.r_[np.zeros(len(a)), np.ones(len(b))]
         groups = np.r_[sa.part, sb.part]
         stats["auc"].append(cv_auc(np.vstack([a, b]), y, groups, n_parts)["auc"])
@@ -305,7 +318,8 @@ def compare_conditions(
     arr = {key: np.asarray(v) for key, v in stats.items()}
     return LayerComparison(
         layers, names, arr["ma"], arr["mb"], arr["g"], arr["lo"], arr["hi"], arr["pw"], arr["pp"],
-        benjamini_hochberg(arr["pw"]), benjamini_hochberg(arr["pp"]), arr["auc"], arr["rows"], arr["means"],
+        benjamini_hochberg(arr["pw"]), benjamini_hochberg(arr["pp"]), arr["pparts"], benjamini_hochberg(arr["pparts"]),
+        arr["auc"], arr["rows"], arr["means"],
     )  # fmt: skip
 
 
