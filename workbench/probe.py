@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -248,12 +249,19 @@ def run_probe(model, config: ProbeConfig, out: str | Path, progress: bool = True
     report = {"config": asdict(config), "model": getattr(model, "workbench", {"name": model.cfg.model_name}),
               "versions": versions(), "conditions": {}}
     for condition in config.conditions:
+        clock = [time.perf_counter()]
         records = condition_prompts(model, condition, config)
         write_jsonl(records, out / f"prompts-{condition}.jsonl")
         store = capture(model, records, sites, out / "stores" / condition, positions="last",
                         batch_size=config.batch_size, progress=progress)
+        clock.append(time.perf_counter())
         result = analyze_condition(store, condition, config, out / "layers" / condition, progress)
+        clock.append(time.perf_counter())
         result["neuron_flow"] = flow_by_class(store, condition, config)
+        clock.append(time.perf_counter())
+        # this run's seconds per stage (a resumed run counts only what it recomputed)
+        result["seconds"] = dict(zip(("capture", "topology", "neuron_flow"), np.diff(clock).round(2).tolist(),
+                                     strict=True))
         report["conditions"][condition] = result
     write_json_atomic(out / "report.json", report)
     from workbench.probe_report import write_probe_html
