@@ -29,6 +29,8 @@ TOKEN_KEYS = ("token_ids", "offsets", "row_index")  # present when positions == 
 
 def write_json_atomic(path: Path, obj) -> None:
     """Replace ``path`` with ``obj`` as JSON so that readers see the old or the new file, never half of one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(obj, indent=1, default=str))
     os.replace(tmp, path)
