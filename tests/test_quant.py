@@ -287,3 +287,27 @@ def test_run_quant_eval_writes_results(tmp_path):
     assert (tmp_path / "out" / "figure.html").stat().st_size > 1000
     with pytest.raises(WorkbenchError, match="Unknown quantization setting"):
         evaluate.run_quant_eval("tiny", ["A5"])
+
+
+def test_topology_and_sae_drift_are_zero_for_float_and_grow_with_coarser_quantization(tiny):
+    """The drift columns: float vs itself is exactly zero; 2-bit activations move PH and SAE more than 8-bit."""
+    from sae_lens.saes.sae import SAEMetadata
+    from sae_lens.saes.topk_sae import TopKSAE, TopKSAEConfig
+
+    torch.manual_seed(0)
+    sae = TopKSAE(TopKSAEConfig(d_in=tiny.cfg.d_model, d_sae=96, k=8,
+                                metadata=SAEMetadata(hook_name="blocks.1.hook_resid_post", model_name="tiny")))
+    with torch.no_grad():
+        sae.W_dec.copy_(torch.randn(96, tiny.cfg.d_model))
+        sae.W_enc.copy_(sae.W_dec.T.clone())
+    blocks = torch.randint(1, 256, (2, 64), generator=torch.Generator().manual_seed(1))
+    rows = evaluate.compare_settings(tiny, blocks, ["A8", {"name": "A2", "act": "int", "act_bits": 2}], drift_blocks=2,
+                                     progress=False, topology_layers=[0, 1], topology_k=60, sae=sae)
+    by = {r["setting"]: r for r in rows}
+    assert by["float"]["ph_bottleneck_h1_mean"] < 1e-12 and by["float"]["sae_active_jaccard"] == 1
+    assert by["float"]["sae_fvu"] == by["float"]["sae_fvu_ref"]
+    assert len(by["A8"]["ph_bottleneck_h0_per_layer"]) == 2 and by["A8"]["ph_layers"] == [0, 1]
+    assert 0 < by["A8"]["ph_bottleneck_h0_mean"] < by["A2"]["ph_bottleneck_h0_mean"]
+    assert 1 > by["A8"]["sae_active_jaccard"] > by["A2"]["sae_active_jaccard"]
+    fig = evaluate.quant_figure(rows)  # the second row of panels appears with the drift columns
+    assert {t.name for t in fig.data} >= {"H1 bottleneck", "SAE unexplained variance", "active-feature Jaccard"}

@@ -352,13 +352,17 @@ def quant_eval(
     settings: Annotated[str | None, typer.Option(help="comma-separated presets (default: all)")] = None,
     n_tokens: Annotated[int, typer.Option(help="held-out tokens for perplexity")] = 16384,
     out: Annotated[Path | None, typer.Option(help="results folder")] = None,
+    topology_layers: Annotated[str | None, typer.Option(help="layers whose persistent homology drift is measured, "
+                                                               "e.g. 3,12,29")] = None,
+    sae: Annotated[str | None, typer.Option(help="trained SAE name or folder: its reconstruction drift")] = None,
     seed: int = 0,
 ):
-    """Perplexity and activation drift of each quantization setting against the float model."""
+    """Perplexity and activation drift (L2, topology, SAE) of each quantization setting against the float model."""
     from workbench.tools.evaluate import run_quant_eval
 
     rows = run_quant_eval(model=model, settings=_split(settings) or None, n_tokens=n_tokens,
-                          out=str(out) if out else None, seed=seed)
+                          out=str(out) if out else None, seed=seed,
+                          topology_layers=[int(x) for x in _split(topology_layers)] or None, sae=sae)
     _echo_json(rows)
 
 

@@ -25,6 +25,7 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 
+import numpy as np
 import torch
 
 from workbench.errors import WorkbenchError
@@ -204,11 +205,15 @@ def resid_drifts(model, tokens: torch.Tensor, setting: str | dict | QuantSetting
 
 
 def compare_settings(model, token_blocks: torch.Tensor, settings: Sequence[str | dict | QuantSetting],
-                     batch_size: int = 2, drift_blocks: int = 2, progress: bool = True) -> list[dict]:
+                     batch_size: int = 2, drift_blocks: int = 2, progress: bool = True,
+                     topology_layers: Sequence[int] | None = None, topology_k: int = 128, sae=None,
+                     seed: int = 0) -> list[dict]:
     """One row per setting: perplexities (prefill and window-end), bits, causality flag, drift, time.
 
     ``drift_*`` is the relative L2 error of the residual stream over all positions (dominated
-    by the BOS token's huge norm); ``drift_tokens_*`` leaves position 0 out.
+    by the BOS token's huge norm); ``drift_tokens_*`` leaves position 0 out. With
+    ``topology_layers`` and/or an ``sae``, the same drift tokens also give the drift of the
+    per-layer persistent homology and of the SAE's reconstruction (``workbench.tools.drift``).
 
     The float model is always evaluated first (as ``float``) and gives the reference columns.
     """
@@ -217,6 +222,7 @@ def compare_settings(model, token_blocks: torch.Tensor, settings: Sequence[str |
         setting_hooks(model, s)
     block_len = token_blocks.shape[1]
     ordered = [PRESETS["float"]] + [s for s in resolved if s.name != "float"]
+    probe = ActivationDrift(model, token_blocks[:drift_blocks], topology_layers, topology_k, sae, seed)
     rows, float_nll = [], None
     for s in ordered:
         t0 = time.perf_counter()
@@ -246,7 +252,49 @@ def compare_settings(model, token_blocks: torch.Tensor, settings: Sequence[str |
             "seconds": seconds,
             "n_tokens": int(token_blocks.numel()),
         })
+        with apply_setting(model, s):
+            rows[-1] |= probe.measure()
     return rows
+
+
+class ActivationDrift:
+    """Topology and SAE drift of a tool against the unmodified model, on fixed tokens (reference computed once)."""
+
+    def __init__(self, model, tokens: torch.Tensor, layers: Sequence[int] | None, k: int = 128, sae=None,
+                 seed: int = 0):
+        from workbench.tools.drift import cloud_topology, site_stream
+
+        self.model, self.tokens, self.k, self.sae, self.seed = model, tokens, k, sae, seed
+        self.topology_sites = [f"blocks.{L}.hook_resid_post" for L in (layers or [])]
+        self.sae_site = None
+        if sae is not None:
+            from workbench.sae.train import check_site_matches
+
+            self.sae_site = check_site_matches(model, sae)
+        self.sites = list(dict.fromkeys(self.topology_sites + ([self.sae_site] if self.sae_site else [])))
+        if self.sites:
+            self.ref = site_stream(model, tokens, self.sites)
+            self.ref_topology = cloud_topology({n: self.ref[n] for n in self.topology_sites}, k, seed)
+
+    def measure(self) -> dict:
+        """Drift columns for whatever hooks are active now: means, last layer, and per-layer lists."""
+        from workbench.tools.drift import cloud_topology, sae_drift, site_stream, topology_drift
+
+        if not self.sites:
+            return {}
+        got = site_stream(self.model, self.tokens, self.sites)
+        out = {}
+        if self.topology_sites:
+            drift = topology_drift(self.ref_topology, cloud_topology({n: got[n] for n in self.topology_sites},
+                                                                     self.k, self.seed))
+            out["ph_layers"] = [int(n.split(".")[1]) for n in self.topology_sites]
+            for key, per_site in drift.items():
+                values = [per_site[n] for n in self.topology_sites]
+                out[f"ph_{key}_mean"] = float(np.mean(values))
+                out[f"ph_{key}_per_layer"] = values
+        if self.sae_site:
+            out |= sae_drift(self.sae, self.ref[self.sae_site], got[self.sae_site])
+        return out
 
 
 # ----------------------------------------------------------------------------- study / CLI entry point
@@ -282,11 +330,16 @@ QUANT_COLUMNS = ("setting", "weight_bits", "act_bits", "mixes", "ppl", "ppl_wind
 
 
 def quant_figure(rows: Sequence[dict], title: str = "Quantization"):
-    """Plotly figure: perplexity per setting (left) and residual drift per layer (right)."""
+    """Plotly figure: perplexity per setting and residual drift per layer; with drift columns, a second row
+    with the topology (bottleneck distances) and SAE (unexplained variance, active-feature overlap) drift."""
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("perplexity (held-out text)",
-                                                        "relative L2 drift of resid_post (positions >= 1)"))
+    topology, sae = "ph_bottleneck_h1_mean" in rows[0], "sae_fvu" in rows[0]
+    n_rows = 2 if topology or sae else 1
+    fig = make_subplots(rows=n_rows, cols=2, subplot_titles=(
+        "perplexity (held-out text)", "relative L2 drift of resid_post (positions >= 1)",
+        "persistent homology drift (bottleneck / largest H0 death, mean over layers)",
+        "SAE: unexplained variance, active-feature Jaccard vs float")[: 2 * n_rows])
     names = [r["setting"] for r in rows]
     fig.add_bar(x=names, y=[r["ppl"] for r in rows], name="prefill ppl", row=1, col=1)
     fig.add_bar(x=names, y=[r["ppl_window_end"] for r in rows], name="window-end ppl (causal)", row=1, col=1)
@@ -295,18 +348,28 @@ def quant_figure(rows: Sequence[dict], title: str = "Quantization"):
             fig.add_scatter(y=r["drift_tokens_per_layer"], mode="lines", name=r["setting"], row=1, col=2)
     fig.update_xaxes(title_text="layer", row=1, col=2)
     fig.update_yaxes(type="log", row=1, col=2)
-    fig.update_layout(title=title, barmode="group", height=500, width=1200)
+    if topology:
+        for dim in (0, 1):
+            fig.add_bar(x=names, y=[r[f"ph_bottleneck_h{dim}_mean"] for r in rows], name=f"H{dim} bottleneck",
+                        row=2, col=1)
+    if sae:
+        fig.add_bar(x=names, y=[r["sae_fvu"] for r in rows], name="SAE unexplained variance", row=2, col=2)
+        fig.add_bar(x=names, y=[r["sae_active_jaccard"] for r in rows], name="active-feature Jaccard", row=2, col=2)
+    fig.update_layout(title=title, barmode="group", height=500 * n_rows, width=1200)
     return fig
 
 
 def run_quant_eval(model: str = "smollm2-135m", settings: Sequence[str | dict] | None = None,
                    out: str | None = None, n_tokens: int = 16384, block_len: int = 512, seed: int = 0,
                    batch_size: int = 2, drift_blocks: int = 2, split: str = "heldout",
-                   source: str | None = None, progress: bool = True, config: dict | None = None) -> list[dict]:
+                   source: str | None = None, progress: bool = True, config: dict | None = None,
+                   topology_layers: Sequence[int] | None = None, topology_k: int = 128,
+                   sae: str | None = None) -> list[dict]:
     """Load ``model``, score ``settings`` on held-out corpus text, write results.{csv,json} and figure.html to ``out``.
 
     This is ``workbench quant eval``. ``settings`` defaults to every preset; ``source`` is a
-    local .txt/.md/.jsonl file or folder instead of the package-docs corpus.
+    local .txt/.md/.jsonl file or folder instead of the package-docs corpus; ``topology_layers``
+    and ``sae`` (a trained SAE's name or folder) add the topology and SAE drift columns.
     """
     from workbench.data.corpus import token_blocks
     from workbench.models import load_model
@@ -315,13 +378,20 @@ def run_quant_eval(model: str = "smollm2-135m", settings: Sequence[str | dict] |
     resolved = [resolve_setting(s) for s in chosen]  # fail on a typo before loading anything
     torch.manual_seed(seed)
     hooked = load_model(model)
+    sae_module = None
+    if sae:
+        from workbench.sae.load import load_sae
+
+        sae_module = load_sae(sae, model=hooked)
     blocks = token_blocks(hooked.tokenizer, n_tokens, block_len, split=split, seed=seed, source=source)
     rows = compare_settings(hooked, blocks, resolved, batch_size=batch_size, drift_blocks=drift_blocks,
-                            progress=progress)
+                            progress=progress, topology_layers=topology_layers, topology_k=topology_k,
+                            sae=sae_module, seed=seed)
     if out is not None:
         write_quant_results(rows, out, model, block_len, resolved, source=source, config=config or {
             "model": model, "n_tokens": n_tokens, "block_len": block_len, "seed": seed, "batch_size": batch_size,
-            "drift_blocks": drift_blocks, "split": split, "source": source})
+            "drift_blocks": drift_blocks, "split": split, "source": source, "topology_layers": topology_layers,
+            "topology_k": topology_k, "sae": sae})
     return rows
 
 
@@ -336,7 +406,7 @@ def write_quant_results(rows: list[dict], out, model: str, block_len: int, setti
 
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    flat = [{k: v for k, v in r.items() if not k.endswith("per_layer")} for r in rows]
+    flat = [{k: v for k, v in r.items() if not isinstance(v, list)} for r in rows]
     with (folder / "results.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(flat[0]))
         writer.writeheader()

@@ -1,0 +1,77 @@
+"""What a model tool does to the model's topology and SAE features, measured against the unmodified model.
+
+A tool is a set of hooks (a quantization setting, a sparse-attention method, a steering vector). The
+same tokens run with and without it, and per layer we compare the residual stream (BOS left out: its
+huge norm would dominate every figure; the L2 drift lives beside the tool's evaluation):
+
+- **topology drift**: the Rips persistence of the same ``k`` token positions in both runs; bottleneck
+  distances between the H0 and the H1 diagrams, divided by the reference cloud's largest H0 death so
+  layers of different scales compare; and the relative change of the compression-signature features
+  (does the tool itself "compress" the topology, as an attack does?);
+- **SAE drift** at an SAE's site: the fraction of variance it leaves unexplained on the reference and
+  on the tool's activations, and the Jaccard overlap of the active features per token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+SIGNATURE = ("h0_death_mean", "h1_count", "h1_persistence_mean", "h1_entropy")
+
+
+def site_stream(model, tokens: torch.Tensor, sites: Sequence[str]) -> dict[str, torch.Tensor]:
+    """``{site: (n_tokens, d)}`` without position 0, under whatever hooks the caller has made active."""
+    wanted = set(sites)
+    with torch.inference_mode():
+        _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in wanted, return_type=None)
+    return {n: cache[n][:, 1:].reshape(-1, cache[n].shape[-1]).float() for n in sites}
+
+
+def cloud_topology(clouds: dict, k: int = 128, seed: int = 0, maxdim: int = 1) -> dict:
+    """Persistence of ``k`` rows of each layer's cloud, the same rows for every call with the same seed."""
+    from workbench.topology.persistence import rips_persistence
+
+    out = {}
+    for L, X in clouds.items():
+        rows = np.random.default_rng(seed).choice(len(X), size=min(k, len(X)), replace=False)
+        out[L] = rips_persistence(X[np.sort(rows)].numpy(), maxdim=maxdim)
+    return out
+
+
+def topology_drift(ref: dict, got: dict) -> dict[str, dict]:
+    """Per site: relative bottleneck distances (H0, H1) and relative change of the signature features."""
+    from workbench.topology.summaries import BarcodeSummary, bottleneck_distance
+
+    summary = BarcodeSummary(dims=(0, 1)).fit([ref[L] for L in ref])
+    names = list(summary.get_feature_names_out())
+    out: dict[str, dict] = {"bottleneck_h0": {}, "bottleneck_h1": {}}
+    out |= {f"{f}_change": {} for f in SIGNATURE}
+    for L in ref:
+        deaths = ref[L].dgms[0][:, 1]
+        scale = float(np.max(deaths[np.isfinite(deaths)], initial=0.0)) or 1.0
+        for dim in (0, 1):
+            out[f"bottleneck_h{dim}"][L] = bottleneck_distance(ref[L].dgms[dim], got[L].dgms[dim]) / scale
+        a, b = summary.transform([ref[L], got[L]])
+        for f in SIGNATURE:
+            i = names.index(f)
+            out[f"{f}_change"][L] = float((b[i] - a[i]) / abs(a[i])) if a[i] else float(b[i] != a[i])
+    return out
+
+
+def sae_drift(sae, ref: torch.Tensor, got: torch.Tensor) -> dict[str, float]:
+    """Unexplained variance on reference vs tool activations, and the per-token Jaccard of active features."""
+
+    def fvu(x, recon):
+        return float(((x - recon) ** 2).sum() / ((x - x.mean(0)) ** 2).sum())
+
+    with torch.inference_mode():
+        za, zb = sae.encode(ref), sae.encode(got)
+        fa, fb = fvu(ref, sae.decode(za)), fvu(got, sae.decode(zb))
+    a, b = za > 0, zb > 0
+    union = (a | b).sum(1).clamp(min=1)
+    jaccard = float(((a & b).sum(1) / union).mean())
+    return {"sae_fvu_ref": fa, "sae_fvu": fb, "sae_fvu_ratio": fb / fa if fa else float("nan"),
+            "sae_active_jaccard": jaccard}
