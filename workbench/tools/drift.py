@@ -75,3 +75,36 @@ def sae_drift(sae, ref: torch.Tensor, got: torch.Tensor) -> dict[str, float]:
     jaccard = float(((a & b).sum(1) / union).mean())
     return {"sae_fvu_ref": fa, "sae_fvu": fb, "sae_fvu_ratio": fb / fa if fa else float("nan"),
             "sae_active_jaccard": jaccard}
+
+
+class DriftMeter:
+    """Topology and SAE drift of any tool against a reference run: ``set_reference(streams)`` once, then
+    ``measure(streams)`` per tool setting, where streams are ``{site: (n_tokens, d)}`` of the same tokens."""
+
+    def __init__(self, model, layers: Sequence[int] | None = None, k: int = 128, sae=None, seed: int = 0):
+        self.k, self.sae, self.seed = k, sae, seed
+        self.topology_sites = [f"blocks.{L}.hook_resid_post" for L in (layers or [])]
+        self.sae_site = None
+        if sae is not None:
+            from workbench.sae.train import check_site_matches
+
+            self.sae_site = check_site_matches(model, sae)
+        self.sites = list(dict.fromkeys(self.topology_sites + ([self.sae_site] if self.sae_site else [])))
+
+    def set_reference(self, streams: dict[str, torch.Tensor]) -> None:
+        self.ref = streams
+        self.ref_topology = cloud_topology({n: streams[n] for n in self.topology_sites}, self.k, self.seed)
+
+    def measure(self, streams: dict[str, torch.Tensor]) -> dict:
+        """Drift columns: means over the layers, per-layer lists, and the SAE's figures."""
+        out: dict = {}
+        if self.topology_sites:
+            got = cloud_topology({n: streams[n] for n in self.topology_sites}, self.k, self.seed)
+            out["ph_layers"] = [int(n.split(".")[1]) for n in self.topology_sites]
+            for key, per_site in topology_drift(self.ref_topology, got).items():
+                values = [per_site[n] for n in self.topology_sites]
+                out[f"ph_{key}_mean"] = float(np.mean(values))
+                out[f"ph_{key}_per_layer"] = values
+        if self.sae_site:
+            out |= sae_drift(self.sae, self.ref[self.sae_site], streams[self.sae_site])
+        return out

@@ -25,11 +25,11 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 
-import numpy as np
 import torch
 
 from workbench.errors import WorkbenchError
 from workbench.tools import quant
+from workbench.tools.drift import DriftMeter, site_stream
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,7 +222,10 @@ def compare_settings(model, token_blocks: torch.Tensor, settings: Sequence[str |
         setting_hooks(model, s)
     block_len = token_blocks.shape[1]
     ordered = [PRESETS["float"]] + [s for s in resolved if s.name != "float"]
-    probe = ActivationDrift(model, token_blocks[:drift_blocks], topology_layers, topology_k, sae, seed)
+    meter_tokens = token_blocks[:drift_blocks]
+    meter = DriftMeter(model, topology_layers, topology_k, sae, seed)
+    if meter.sites:
+        meter.set_reference(site_stream(model, meter_tokens, meter.sites))
     rows, float_nll = [], None
     for s in ordered:
         t0 = time.perf_counter()
@@ -252,49 +255,10 @@ def compare_settings(model, token_blocks: torch.Tensor, settings: Sequence[str |
             "seconds": seconds,
             "n_tokens": int(token_blocks.numel()),
         })
-        with apply_setting(model, s):
-            rows[-1] |= probe.measure()
+        if meter.sites:
+            with apply_setting(model, s):
+                rows[-1] |= meter.measure(site_stream(model, meter_tokens, meter.sites))
     return rows
-
-
-class ActivationDrift:
-    """Topology and SAE drift of a tool against the unmodified model, on fixed tokens (reference computed once)."""
-
-    def __init__(self, model, tokens: torch.Tensor, layers: Sequence[int] | None, k: int = 128, sae=None,
-                 seed: int = 0):
-        from workbench.tools.drift import cloud_topology, site_stream
-
-        self.model, self.tokens, self.k, self.sae, self.seed = model, tokens, k, sae, seed
-        self.topology_sites = [f"blocks.{L}.hook_resid_post" for L in (layers or [])]
-        self.sae_site = None
-        if sae is not None:
-            from workbench.sae.train import check_site_matches
-
-            self.sae_site = check_site_matches(model, sae)
-        self.sites = list(dict.fromkeys(self.topology_sites + ([self.sae_site] if self.sae_site else [])))
-        if self.sites:
-            self.ref = site_stream(model, tokens, self.sites)
-            self.ref_topology = cloud_topology({n: self.ref[n] for n in self.topology_sites}, k, seed)
-
-    def measure(self) -> dict:
-        """Drift columns for whatever hooks are active now: means, last layer, and per-layer lists."""
-        from workbench.tools.drift import cloud_topology, sae_drift, site_stream, topology_drift
-
-        if not self.sites:
-            return {}
-        got = site_stream(self.model, self.tokens, self.sites)
-        out = {}
-        if self.topology_sites:
-            drift = topology_drift(self.ref_topology, cloud_topology({n: got[n] for n in self.topology_sites},
-                                                                     self.k, self.seed))
-            out["ph_layers"] = [int(n.split(".")[1]) for n in self.topology_sites]
-            for key, per_site in drift.items():
-                values = [per_site[n] for n in self.topology_sites]
-                out[f"ph_{key}_mean"] = float(np.mean(values))
-                out[f"ph_{key}_per_layer"] = values
-        if self.sae_site:
-            out |= sae_drift(self.sae, self.ref[self.sae_site], got[self.sae_site])
-        return out
 
 
 # ----------------------------------------------------------------------------- study / CLI entry point
