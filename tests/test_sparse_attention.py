@@ -189,3 +189,15 @@ def test_run_attention_eval_writes_results(tmp_path):
     assert all((tmp_path / "out" / f).exists() for f in ("results.csv", "results.json", "figure.html"))
     with pytest.raises(WorkbenchError, match="exceeds"):
         sa.run_attention_eval("tiny", ["full"], context=600, decode_steps=8)
+
+
+def test_drift_of_decoded_positions_against_full_attention(tiny_setup):
+    """Recorded streams are one row per decoded position; full vs itself has no drift, a 4-key window has some."""
+    model, tokens, pre = tiny_setup
+    out = sa.decode(model, tokens, 128, sa.Full(), prefilled=pre, record_sites=["blocks.1.hook_resid_post"])
+    assert out["streams"]["blocks.1.hook_resid_post"].shape == (tokens.shape[1] - 129, model.cfg.d_model)
+    rows = sa.compare_attention(model, tokens, 128, ["full", "streaming:4"], progress=False, topology_layers=[0, 1],
+                                topology_k=24)
+    full, window = rows
+    assert full["ph_bottleneck_h0_mean"] < 1e-12 and full["ph_layers"] == [0, 1]
+    assert window["ph_bottleneck_h0_mean"] > 0 and len(window["ph_bottleneck_h1_per_layer"]) == 2

@@ -48,13 +48,13 @@ def _split(text: str | None) -> list[str]:
     return [part.strip() for part in (text or "").split(",") if part.strip()]
 
 
-def _layers(text: str | None) -> list[int] | None:
+def _layers(text: str | None, option: str = "--layers") -> list[int] | None:
     if not text:
         return None
     try:
         return [int(x) for x in _split(text)]
     except ValueError:
-        raise WorkbenchError(f"--layers {text!r} must be comma-separated integers, e.g. 0,5,10") from None
+        raise WorkbenchError(f"{option} {text!r} must be comma-separated integers, e.g. 0,5,10") from None
 
 
 @app.command()
@@ -346,15 +346,19 @@ quant_app = typer.Typer(help="Activation/weight quantization (STaMP, RTN, FP8 mi
 app.add_typer(quant_app, name="quant")
 
 
+TopologyLayersOpt = Annotated[str | None, typer.Option(
+    help="layers whose persistent-homology drift vs the unmodified model is measured, e.g. 3,12,29")]
+DriftSaeOpt = Annotated[str | None, typer.Option(help="trained SAE name or folder: its reconstruction drift")]
+
+
 @quant_app.command("eval")
 def quant_eval(
     model: ModelOpt = "smollm2-135m",
     settings: Annotated[str | None, typer.Option(help="comma-separated presets (default: all)")] = None,
     n_tokens: Annotated[int, typer.Option(help="held-out tokens for perplexity")] = 16384,
     out: Annotated[Path | None, typer.Option(help="results folder")] = None,
-    topology_layers: Annotated[str | None, typer.Option(help="layers whose persistent homology drift is measured, "
-                                                               "e.g. 3,12,29")] = None,
-    sae: Annotated[str | None, typer.Option(help="trained SAE name or folder: its reconstruction drift")] = None,
+    topology_layers: TopologyLayersOpt = None,
+    sae: DriftSaeOpt = None,
     seed: int = 0,
 ):
     """Perplexity and activation drift (L2, topology, SAE) of each quantization setting against the float model."""
@@ -362,7 +366,7 @@ def quant_eval(
 
     rows = run_quant_eval(model=model, settings=_split(settings) or None, n_tokens=n_tokens,
                           out=str(out) if out else None, seed=seed,
-                          topology_layers=[int(x) for x in _split(topology_layers)] or None, sae=sae)
+                          topology_layers=_layers(topology_layers, "--topology-layers"), sae=sae)
     _echo_json(rows)
 
 
@@ -378,13 +382,16 @@ def attention_eval(
     context: Annotated[int, typer.Option(help="prefill length in tokens")] = 4096,
     decode_steps: int = 64,
     out: Annotated[Path | None, typer.Option(help="results folder")] = None,
+    topology_layers: TopologyLayersOpt = None,
+    sae: DriftSaeOpt = None,
     seed: int = 0,
 ):
-    """Tokens loaded, attention-mass recall, output error and KL of each method against full attention."""
+    """Keys loaded, attention-mass recall, output error, KL and drift (topology, SAE) of each method vs full."""
     from workbench.tools.sparse_attention import run_attention_eval
 
     _echo_json(run_attention_eval(model=model, methods=_split(methods) or None, context=context,
-                                  decode_steps=decode_steps, out=str(out) if out else None, seed=seed))
+                                  decode_steps=decode_steps, out=str(out) if out else None, seed=seed,
+                                  topology_layers=_layers(topology_layers, "--topology-layers"), sae=sae))
 
 
 @app.command()

@@ -15,6 +15,7 @@ huge norm would dominate every figure; the L2 drift lives beside the tool's eval
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -77,11 +78,22 @@ def sae_drift(sae, ref: torch.Tensor, got: torch.Tensor) -> dict[str, float]:
             "sae_active_jaccard": jaccard}
 
 
+def load_sae_for(model, sae):
+    """``sae`` (a trained name, folder, or an SAE already loaded) checked against ``model``; None stays None."""
+    if not isinstance(sae, str | Path):
+        return sae
+    from workbench.sae.load import load_sae
+
+    return load_sae(sae, model=model)
+
+
 class DriftMeter:
     """Topology and SAE drift of any tool against a reference run: ``set_reference(streams)`` once, then
     ``measure(streams)`` per tool setting, where streams are ``{site: (n_tokens, d)}`` of the same tokens."""
 
     def __init__(self, model, layers: Sequence[int] | None = None, k: int = 128, sae=None, seed: int = 0):
+        """``sae``: an SAE, or a trained SAE's name or folder (loaded and checked against ``model``)."""
+        sae = load_sae_for(model, sae)
         self.k, self.sae, self.seed = k, sae, seed
         self.topology_sites = [f"blocks.{L}.hook_resid_post" for L in (layers or [])]
         self.sae_site = None

@@ -342,15 +342,10 @@ def run_quant_eval(model: str = "smollm2-135m", settings: Sequence[str | dict] |
     resolved = [resolve_setting(s) for s in chosen]  # fail on a typo before loading anything
     torch.manual_seed(seed)
     hooked = load_model(model)
-    sae_module = None
-    if sae:
-        from workbench.sae.load import load_sae
-
-        sae_module = load_sae(sae, model=hooked)
     blocks = token_blocks(hooked.tokenizer, n_tokens, block_len, split=split, seed=seed, source=source)
     rows = compare_settings(hooked, blocks, resolved, batch_size=batch_size, drift_blocks=drift_blocks,
                             progress=progress, topology_layers=topology_layers, topology_k=topology_k,
-                            sae=sae_module, seed=seed)
+                            sae=sae, seed=seed)
     if out is not None:
         write_quant_results(rows, out, model, block_len, resolved, source=source, config=config or {
             "model": model, "n_tokens": n_tokens, "block_len": block_len, "seed": seed, "batch_size": batch_size,

@@ -432,12 +432,14 @@ def prefill(model, tokens: torch.Tensor, chunk: int = 512):
 
 
 def decode(model, tokens: torch.Tensor, n_prefill: int, selector: Selector, prefilled=None,
-           chunk: int = 512, progress: bool = False) -> dict:
+           chunk: int = 512, progress: bool = False, record_sites: Sequence[str] = ()) -> dict:
     """Teacher-forced decoding of ``tokens[:, n_prefill:]`` one token at a time with sparse attention.
 
     Returns next-token log-probabilities ``[b, steps, vocab]`` for positions
     ``n_prefill .. n-2`` (their targets are the following tokens), the targets, and per-layer
     metrics. ``prefilled`` = ``prefill(model, tokens[:, :n_prefill])`` to reuse one dense prefill.
+    ``record_sites``: hook names whose activations at the decoded positions are returned as
+    ``streams`` (``{site: (b * steps, d)}``), for the topology and SAE drift.
     """
     from tqdm.auto import tqdm
 
@@ -451,13 +453,17 @@ def decode(model, tokens: torch.Tensor, n_prefill: int, selector: Selector, pref
         selector.observe(L, _group_mass(s[:, :, None], n_kv))
     metrics = StepMetrics(model.cfg.n_layers)
     hooks = sparse_attention_hooks(model, selector, cache, n_prefill, metrics)
+    recorded: dict[str, list] = {site: [] for site in record_sites}
+    hooks += [(site, lambda act, hook: recorded[hook.name].append(act[:, -1].float().clone())) for site in recorded]
     out = []
     steps = range(n_prefill, tokens.shape[1] - 1)
     with torch.inference_mode(), model.hooks(fwd_hooks=hooks):
         for t in tqdm(steps, desc=type(selector).__name__, disable=not progress, leave=False):
             logits = model(tokens[:, t : t + 1], past_kv_cache=cache)[:, -1].float()
             out.append(logits.log_softmax(-1))
-    return {"logprobs": torch.stack(out, 1), "targets": tokens[:, n_prefill + 1 :], "metrics": metrics.per_layer()}
+    streams = {site: torch.stack(acts, 1).reshape(-1, acts[0].shape[-1]) for site, acts in recorded.items()}
+    return {"logprobs": torch.stack(out, 1), "targets": tokens[:, n_prefill + 1 :], "metrics": metrics.per_layer(),
+            "streams": streams}
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -472,7 +478,8 @@ def parse_method(spec: str) -> tuple[str, str | None]:
 
 
 def compare_attention(model, tokens: torch.Tensor, n_prefill: int, methods: Sequence[str],
-                      chunk: int = 512, progress: bool = True) -> list[dict]:
+                      chunk: int = 512, progress: bool = True, topology_layers: Sequence[int] | None = None,
+                      topology_k: int = 128, sae=None, seed: int = 0) -> list[dict]:
     """Teacher-forced decode of ``tokens[:, n_prefill:]`` under each method vs full attention.
 
     One row per method: mean over layers and steps of the fraction of cached keys loaded
@@ -481,12 +488,19 @@ def compare_attention(model, tokens: torch.Tensor, n_prefill: int, methods: Sequ
     next-token distribution, and the perplexity of the decoded tokens. Methods are
     ``name[:param]`` with param = P for topp/tactic or a budget in keys for the others;
     ``auto`` uses the mean number of keys Tactic loaded (list a tactic method first).
+    ``topology_layers`` / ``sae`` add the drift of the decoded positions' persistent homology and SAE
+    reconstruction against full attention (``workbench.tools.drift``).
     """
     import time
 
+    from workbench.tools.drift import DriftMeter
+
     parsed = [parse_method(m) for m in methods]
+    meter = DriftMeter(model, topology_layers, topology_k, sae, seed)
     pre = prefill(model, tokens[:, :n_prefill], chunk)
-    reference = decode(model, tokens, n_prefill, Full(), prefilled=pre, progress=progress)
+    reference = decode(model, tokens, n_prefill, Full(), prefilled=pre, progress=progress, record_sites=meter.sites)
+    if meter.sites:
+        meter.set_reference(reference["streams"])
     ref_lp, targets = reference["logprobs"], reference["targets"]
     ppl_full = math.exp(-ref_lp.gather(-1, targets[..., None]).mean().item())
     rows, tactic_budget = [], None
@@ -505,7 +519,7 @@ def compare_attention(model, tokens: torch.Tensor, n_prefill: int, methods: Sequ
         selector = make_selector(name, p=value, budget=value) if name in ("topp", "tactic") else make_selector(
             name, budget=value)
         t0 = time.perf_counter()
-        out = decode(model, tokens, n_prefill, selector, prefilled=pre, progress=progress)
+        out = decode(model, tokens, n_prefill, selector, prefilled=pre, progress=progress, record_sites=meter.sites)
         seconds = time.perf_counter() - t0
         lp = out["logprobs"]
         kl = (ref_lp.exp() * (ref_lp - lp)).sum(-1).mean().item()
@@ -524,7 +538,7 @@ def compare_attention(model, tokens: torch.Tensor, n_prefill: int, methods: Sequ
             "decode_steps": lp.shape[1],
             "seconds": seconds,
             "per_layer": out["metrics"],
-        })
+        } | (meter.measure(out["streams"]) if meter.sites else {}))
     return rows
 
 
@@ -631,8 +645,12 @@ def attention_figure(rows: Sequence[dict], title: str = "Sparse attention"):
 
 def run_attention_eval(model: str = "smollm2-135m", methods: Sequence[str] | None = None, out: str | None = None,
                        context: int = 4096, decode_steps: int = 64, seed: int = 0, split: str = "heldout",
-                       source: str | None = None, progress: bool = True, config: dict | None = None) -> list[dict]:
+                       source: str | None = None, progress: bool = True, config: dict | None = None,
+                       topology_layers: Sequence[int] | None = None, topology_k: int = 128,
+                       sae: str | None = None) -> list[dict]:
     """``workbench attention eval``: prefill ``context`` held-out tokens, decode ``decode_steps`` under each method.
+
+    ``topology_layers`` and ``sae`` (a trained SAE's name or folder) add the topology and SAE drift columns.
 
     Writes results.csv, results.json (config, versions, per-layer metrics) and figure.html to ``out``.
     """
@@ -652,11 +670,12 @@ def run_attention_eval(model: str = "smollm2-135m", methods: Sequence[str] | Non
         raise WorkbenchError(f"context + decode_steps = {context + decode_steps} exceeds {model}'s context of {n_ctx}.")
     length = context + decode_steps + 1
     tokens = token_blocks(hooked.tokenizer, length, length, split=split, seed=seed, source=source)
-    rows = compare_attention(hooked, tokens, context, methods, progress=progress)
+    rows = compare_attention(hooked, tokens, context, methods, progress=progress, topology_layers=topology_layers,
+                             topology_k=topology_k, sae=sae, seed=seed)
     if out is not None:
         write_attention_results(rows, out, model, context, decode_steps, source=source, config=config or {
             "model": model, "methods": methods, "context": context, "decode_steps": decode_steps, "seed": seed,
-            "split": split, "source": source})
+            "split": split, "source": source, "topology_layers": topology_layers, "topology_k": topology_k, "sae": sae})
     return rows
 
 
@@ -672,7 +691,7 @@ def write_attention_results(rows: list[dict], out, model: str, context: int, dec
 
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    flat = [{k: v for k, v in r.items() if k != "per_layer"} for r in rows]
+    flat = [{k: v for k, v in r.items() if not isinstance(v, list | dict)} for r in rows]
     with (folder / "results.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(flat[0]))
         writer.writeheader()
