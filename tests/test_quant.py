@@ -309,5 +309,8 @@ def test_topology_and_sae_drift_are_zero_for_float_and_grow_with_coarser_quantiz
     assert len(by["A8"]["ph_bottleneck_h0_per_layer"]) == 2 and by["A8"]["ph_layers"] == [0, 1]
     assert 0 < by["A8"]["ph_bottleneck_h0_mean"] < by["A2"]["ph_bottleneck_h0_mean"]
     assert 1 > by["A8"]["sae_active_jaccard"] > by["A2"]["sae_active_jaccard"]
-    fig = evaluate.quant_figure(rows)  # the second row of panels appears with the drift columns
-    assert {t.name for t in fig.data} >= {"H1 bottleneck", "SAE unexplained variance", "active-feature Jaccard"}
+    from workbench.tools.drift import drift_figure, has_drift
+
+    assert has_drift(rows)
+    fig = drift_figure(rows, "setting", "drift")
+    assert {t.name for t in fig.data} >= {"A2 H1", "SAE unexplained variance", "active-feature Jaccard"}

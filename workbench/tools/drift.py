@@ -120,3 +120,30 @@ class DriftMeter:
         if self.sae_site:
             out |= sae_drift(self.sae, self.ref[self.sae_site], streams[self.sae_site])
         return out
+
+
+def has_drift(rows: Sequence[dict]) -> bool:
+    return bool(rows) and ("ph_bottleneck_h1_mean" in rows[0] or "sae_fvu" in rows[0])
+
+
+def drift_figure(rows: Sequence[dict], label: str, title: str):
+    """Plotly figure: H0/H1 bottleneck drift per layer for each row (a setting or method), and the SAE's
+    unexplained variance and active-feature overlap per row."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=3, subplot_titles=(
+        "H0 bottleneck / largest H0 death", "H1 bottleneck / largest H0 death",
+        "SAE: unexplained variance, active-feature Jaccard vs reference"))
+    names = [r[label] for r in rows]
+    for r in rows:
+        for col, dim in ((1, 0), (2, 1)):
+            if f"ph_bottleneck_h{dim}_per_layer" in r:
+                fig.add_scatter(x=r["ph_layers"], y=r[f"ph_bottleneck_h{dim}_per_layer"], mode="lines+markers",
+                                name=f"{r[label]} H{dim}", legendgroup=r[label], row=1, col=col)
+    if "sae_fvu" in rows[0]:
+        fig.add_bar(x=names, y=[r["sae_fvu"] for r in rows], name="SAE unexplained variance", row=1, col=3)
+        fig.add_bar(x=names, y=[r["sae_active_jaccard"] for r in rows], name="active-feature Jaccard", row=1, col=3)
+    fig.update_xaxes(title_text="layer", row=1, col=1)
+    fig.update_xaxes(title_text="layer", row=1, col=2)
+    fig.update_layout(title=title, barmode="group", height=450, width=1500)
+    return fig

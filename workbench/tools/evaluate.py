@@ -29,7 +29,7 @@ import torch
 
 from workbench.errors import WorkbenchError
 from workbench.tools import quant
-from workbench.tools.drift import DriftMeter, site_stream
+from workbench.tools.drift import DriftMeter, drift_figure, has_drift, site_stream
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,16 +294,11 @@ QUANT_COLUMNS = ("setting", "weight_bits", "act_bits", "mixes", "ppl", "ppl_wind
 
 
 def quant_figure(rows: Sequence[dict], title: str = "Quantization"):
-    """Plotly figure: perplexity per setting and residual drift per layer; with drift columns, a second row
-    with the topology (bottleneck distances) and SAE (unexplained variance, active-feature overlap) drift."""
+    """Plotly figure: perplexity per setting (left) and residual drift per layer (right)."""
     from plotly.subplots import make_subplots
 
-    topology, sae = "ph_bottleneck_h1_mean" in rows[0], "sae_fvu" in rows[0]
-    n_rows = 2 if topology or sae else 1
-    fig = make_subplots(rows=n_rows, cols=2, subplot_titles=(
-        "perplexity (held-out text)", "relative L2 drift of resid_post (positions >= 1)",
-        "persistent homology drift (bottleneck / largest H0 death, mean over layers)",
-        "SAE: unexplained variance, active-feature Jaccard vs float")[: 2 * n_rows])
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("perplexity (held-out text)",
+                                                        "relative L2 drift of resid_post (positions >= 1)"))
     names = [r["setting"] for r in rows]
     fig.add_bar(x=names, y=[r["ppl"] for r in rows], name="prefill ppl", row=1, col=1)
     fig.add_bar(x=names, y=[r["ppl_window_end"] for r in rows], name="window-end ppl (causal)", row=1, col=1)
@@ -312,14 +307,7 @@ def quant_figure(rows: Sequence[dict], title: str = "Quantization"):
             fig.add_scatter(y=r["drift_tokens_per_layer"], mode="lines", name=r["setting"], row=1, col=2)
     fig.update_xaxes(title_text="layer", row=1, col=2)
     fig.update_yaxes(type="log", row=1, col=2)
-    if topology:
-        for dim in (0, 1):
-            fig.add_bar(x=names, y=[r[f"ph_bottleneck_h{dim}_mean"] for r in rows], name=f"H{dim} bottleneck",
-                        row=2, col=1)
-    if sae:
-        fig.add_bar(x=names, y=[r["sae_fvu"] for r in rows], name="SAE unexplained variance", row=2, col=2)
-        fig.add_bar(x=names, y=[r["sae_active_jaccard"] for r in rows], name="active-feature Jaccard", row=2, col=2)
-    fig.update_layout(title=title, barmode="group", height=500 * n_rows, width=1200)
+    fig.update_layout(title=title, barmode="group", height=500, width=1200)
     return fig
 
 
@@ -388,3 +376,6 @@ def write_quant_results(rows: list[dict], out, model: str, block_len: int, setti
         "of resid_post vs float (tokens = without BOS).\n\n" + markdown_table(rows, QUANT_COLUMNS))
     quant_figure(rows, f"Quantization of {model} ({n_tokens} held-out tokens)").write_html(
         folder / "figure.html", include_plotlyjs="cdn")
+    if has_drift(rows):
+        drift_figure(rows, "setting", f"What quantization does to {model}'s topology and SAE features").write_html(
+            folder / "drift.html", include_plotlyjs="cdn")

@@ -687,6 +687,7 @@ def write_attention_results(rows: list[dict], out, model: str, context: int, dec
     from pathlib import Path
 
     from workbench.data.corpus import corpus_manifest
+    from workbench.tools.drift import drift_figure, has_drift
     from workbench.tools.evaluate import environment, markdown_table
 
     folder = Path(out)
@@ -706,3 +707,6 @@ def write_attention_results(rows: list[dict], out, model: str, context: int, dec
         + markdown_table(rows, ("method", "loaded", "recall", "out_err", "kl", "ppl", "ppl_full"), 4))
     attention_figure(rows, f"Sparse decode attention on {model}, {context}-token context").write_html(
         folder / "figure.html", include_plotlyjs="cdn")
+    if has_drift(rows):
+        drift_figure(rows, "method", f"What sparse decoding does to {model}'s topology and SAE features").write_html(
+            folder / "drift.html", include_plotlyjs="cdn")
