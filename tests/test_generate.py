@@ -166,3 +166,21 @@ def test_bad_selection_input(tiny):
     for spec in ("neuron:1:5", "neuron:99:0:2", "bogus"):
         with pytest.raises(WorkbenchError):
             steer_hooks(tiny, spec)
+
+
+def test_feature_steering_spec_loads_an_saelens_sae(tiny, tmp_path):
+    """feature:SAE:idx:scale adds the feature's decoder direction at its site during generation."""
+    from sae_lens.saes.sae import SAEMetadata
+    from sae_lens.saes.topk_sae import TopKSAE, TopKSAEConfig
+
+    torch.manual_seed(0)
+    sae = TopKSAE(TopKSAEConfig(d_in=tiny.cfg.d_model, d_sae=32, k=4,
+                                metadata=SAEMetadata(hook_name="blocks.1.hook_resid_post", model_name="tiny")))
+    sae.save_model(str(tmp_path / "sae"))
+    hooks = steer_hooks(tiny, f"feature:{tmp_path / 'sae'}:3:40")
+    assert [name for name, _ in hooks] == ["blocks.1.hook_resid_post"]
+    steered = generate(tiny, "abc", hooks=hooks, max_new_tokens=8)[0]["tokens"]
+    assert steered == naive_greedy(tiny, "abc", 8, hooks) and steered != naive_greedy(tiny, "abc", 8)
+    for spec in (f"feature:{tmp_path / 'sae'}:999:1", f"feature:{tmp_path / 'sae'}:x:1"):
+        with pytest.raises(WorkbenchError):
+            steer_hooks(tiny, spec)

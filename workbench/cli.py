@@ -407,7 +407,7 @@ def generate(
     best_of: Annotated[int, typer.Option(help="N samples; > 1 selects by --reward")] = 1,
     lam: Annotated[float | None, typer.Option("--lambda", help="Soft Best-of-N temperature (omit: hard BoN)")] = None,
     reward: Annotated[str | None, typer.Option(help="target:TEXT (log-probability of TEXT after the sample)")] = None,
-    steer: Annotated[str | None, typer.Option(help="neuron:L:idx:scale and/or quant:stampB, comma-separated")] = None,
+    steer: Annotated[str | None, typer.Option(help="neuron:L:idx:scale, feature:SAE:idx:scale and/or quant:stampB, comma-separated")] = None,
     seed: int = 0,
 ):
     """Hooked generation (steering, quantization), optionally Best-of-N / Soft Best-of-N with a KL bound."""

@@ -324,7 +324,8 @@ def best_of_n(model, prompt: str, reward: Reward, n: int = 8, *, seed: int = 0, 
 
 def steer_hooks(model, spec: str | None) -> list[Hook]:
     """Hooks from a CLI spec: ``neuron:L:idx:scale`` (multiply MLP neuron idx at layer L by scale),
-    ``quant:stamp4`` / ``quant:stampB`` (STaMP activations at B bits), several joined by ``,``."""
+    ``feature:SAE:idx:scale`` (add scale x the unit decoder direction of a trained SAE's feature idx at
+    its site), ``quant:stamp4`` / ``quant:stampB`` (STaMP activations at B bits), several joined by ``,``."""
     if not spec:
         return []
     hooks: list[Hook] = []
@@ -342,6 +343,16 @@ def steer_hooks(model, spec: str | None) -> list[Hook]:
                 raise WorkbenchError(f"steer spec {part!r}: layer must be < {model.cfg.n_layers} "
                                      f"and index < {model.cfg.d_mlp}.")
             hooks.append((f"blocks.{layer}.mlp.hook_post", neuron_hook([idx], scale - 1)))
+        elif kind == "feature":
+            from workbench.sae.interventions import intervention
+            from workbench.sae.load import load_sae
+
+            try:
+                name, idx, scale = rest.rsplit(":", 2)
+                idx, scale = int(idx), float(scale)
+            except ValueError:
+                raise WorkbenchError(f"steer spec {part!r}: expected feature:SAE:INDEX:SCALE.") from None
+            hooks += intervention(model, load_sae(name, model=model), "feature", idx, scale)[0]
         elif kind == "quant" and rest.startswith("stamp"):
             from workbench.tools.quant import stamp_hooks
 
@@ -351,7 +362,8 @@ def steer_hooks(model, spec: str | None) -> list[Hook]:
                 raise WorkbenchError(f"steer spec {part!r}: expected quant:stampBITS, e.g. quant:stamp4.") from None
             hooks += stamp_hooks(model, bits=bits, sink_tokens=1)
         else:
-            raise WorkbenchError(f"steer spec {part!r}: use neuron:LAYER:INDEX:SCALE or quant:stamp4.")
+            raise WorkbenchError(f"steer spec {part!r}: use neuron:LAYER:INDEX:SCALE, feature:SAE:INDEX:SCALE "
+                                 "or quant:stamp4.")
     return hooks
 
 
