@@ -242,15 +242,37 @@ def test_features_page_names_the_describe_command_for_an_undescribed_sae(app_env
 
 def test_features_page_browses_a_feature(with_sae):
     at = open_page("features")
-    assert not at.error and not at.info
+    assert not at.error
     assert isinstance(at.session_state["feat_feature"], int)
     assert [m.label for m in at.metric] == ["max activation", "firing frequency", "token set"]
-    assert len(plotly_charts(at)) == 1  # the activation histogram
+    assert len(plotly_charts(at)) == 2  # the activation histogram and the interference base rates
+    assert "workbench sae interference" in at.info[0].value  # no map yet: the command that makes it
     interfering, semantic = at.dataframe[0].value, at.dataframe[1].value
     assert len(interfering) == 10 and interfering["interference"].is_monotonic_decreasing
     assert len(semantic) == 10 and semantic["semantic cos"].is_monotonic_decreasing
     at.text_input(key="feat_query").input("fires on").run()
     assert not at.exception
+
+
+def test_features_page_lists_unrelated_interfering_pairs(app_env, sae_dir, tiny, monkeypatch):
+    import json
+    import shutil
+
+    import numpy as np
+
+    from workbench.sae.cli import EMBEDDINGS_FILE, run_interference
+    from workbench.sae.features import embed_texts
+
+    copy = app_env / "saes" / sae_dir.name
+    shutil.copytree(sae_dir, copy)
+    records = json.loads((copy / "features.json").read_text())  # what `workbench sae features` also saves
+    np.save(copy / EMBEDDINGS_FILE, embed_texts([r["description"] for r in records]))
+    run_interference(str(copy), tiny, k=8, min_interference=0.0, cutoff=0.4)
+    monkeypatch.setenv("WORKBENCH_APP_SAES", str(copy.parent))
+    at = open_page("features")
+    assert not at.error and not at.info
+    pairs = at.dataframe[2].value
+    assert len(pairs) > 0 and {"i", "j", "interference"} <= set(pairs.columns)
 
 
 # ----------------------------------------------------------------------------- playground

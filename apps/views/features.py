@@ -123,3 +123,28 @@ b.dataframe(pd.DataFrame({
     "interference": [float((W[j] @ W[feature]).abs()) for j in nearest],
     "description": [describe(j) for j in nearest],
 }), hide_index=True, width="stretch")
+
+st.subheader("Interference map of this SAE")
+bins_col, pairs_col = st.columns([2, 3])
+with bins_col:
+    import plotly.graph_objects as go
+
+    fig = go.Figure(go.Bar(x=scan["bin_labels"], y=scan["base_rates"],
+                           text=[f"{c:,}" for c in scan["bin_counts"]], textposition="outside"))
+    fig.update_layout(title=f"base rates over all {scan['n_pairs']:,} decoder pairs", xaxis_title="|cos| bin",
+                      yaxis_title="fraction of pairs", yaxis_type="log", template="plotly_white", height=340)
+    st.plotly_chart(fig, width="stretch", key="feat_bins")
+with pairs_col:
+    from workbench.sae.cli import INTERFERENCE_FILE
+
+    mapped = Path(path) / INTERFERENCE_FILE
+    if mapped.exists():
+        saved = json.loads(mapped.read_text())
+        st.markdown(f"**Unrelated yet interfering pairs** ({saved['n_unrelated_interfering']:,} with |cos| >= "
+                    f"{saved['min_interference']} in different semantic clusters at cutoff {saved['cutoff']})")
+        st.dataframe(pd.DataFrame([{"i": p["i"], "j": p["j"], "interference": p["interference"],
+                                    "i: description": describe(p["i"]), "j: description": describe(p["j"])}
+                                   for p in saved["unrelated_interfering"][:50]]), hide_index=True, width="stretch")
+    else:
+        st.info(f"The unrelated-yet-interfering pairs need the semantic clusters: "
+                f"`workbench sae interference {path}`")
