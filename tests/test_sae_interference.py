@@ -152,3 +152,24 @@ def test_metrics_on_hand_made_distributions():
         next_token_metrics(p, q[:3], [0])
     with pytest.raises(WorkbenchError):
         next_token_metrics(p, np.full(5, np.nan), [0])
+
+
+def test_transfer_trials_replay_prompt_probes_on_another_model(tiny):
+    """Prompt-level probes of one model's pairs, measured on another (here a differently seeded tiny model)."""
+    from workbench.models.tiny import tiny_model
+    from workbench.sae.experiment import compare, map_tokens, transfer_trials
+
+    other = tiny_model(seed=1)
+    assert map_tokens(["a", "b", "ab", ""], other.tokenizer) == sorted(
+        {other.tokenizer.encode(c, add_special_tokens=False)[0] for c in "ab"})
+    texts = {0: "river water fish boat", 1: "money loan cash credit", 2: "stream bank river", 3: "zebra xylophone"}
+    records = {f: {"feature": f, "contexts": [t], "token_set": [ord(c) for c in t[:3]],
+                   "token_set_text": list(t[:3])} for f, t in texts.items()}
+    pairs = {"interfering": [(0, 1, 0.5)], "related": [(0, 2, 0.2)], "low_interference": [(3, 1, 0.01)],
+             "random": [(-1, 1, float("nan"))]}
+    icfg = {"prompts": ["The next word is", "She said"], "topk": 10}
+    rows = transfer_trials(other, records, pairs, icfg, np.random.default_rng(0))
+    assert len(rows) == 8 and {r["condition"] for r in rows} == set(pairs)
+    assert all(r["locus"] == "prompt" and r["kl"] > 0 and r["target_tokens"] == 3 for r in rows)
+    stats = compare(rows, 50, np.random.default_rng(0))
+    assert {s["baseline"] for s in stats} == {"random", "related", "low_interference"}

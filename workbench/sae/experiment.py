@@ -3,7 +3,8 @@
 ``run_experiment(cfg)`` computes (the ``polysemantic`` study job); ``write_experiment(result, out)`` writes
 saes.csv, interference.json, trials.csv (one row per condition x locus x scale x pair x prompt), stats.csv
 (interfering vs each baseline per locus and scale and best-over-scales: mean difference, bootstrap 95% CI,
-Mann-Whitney p, Benjamini-Hochberg q over every comparison), results.json and figure.png.
+Mann-Whitney p, Benjamini-Hochberg q over every comparison), transfer-MODEL-{trials,stats}.csv (the
+prompt-level probes replayed on each ``transfer`` model), results.json and figure.png.
 """
 
 from __future__ import annotations
@@ -112,6 +113,46 @@ def run_trials(model, sae, records, pairs, icfg, rng, norm: float, log) -> list[
                                      "interference": interference, "prompt": k, "prompt_text": p,
                                      **{key: float(m[key]) for key in METRICS}})
             log.info("%s %d->%d done (%d rows)", condition, i, j, len(rows))
+    return rows
+
+
+def map_tokens(texts: list[str], tokenizer) -> list[int]:
+    """One model's token strings as single tokens of another's vocabulary (strings that split are dropped)."""
+    ids = set()
+    for text in texts:
+        encoded = tokenizer.encode(text, add_special_tokens=False)
+        if len(encoded) == 1:
+            ids.add(int(encoded[0]))
+    return sorted(ids)
+
+
+def transfer_trials(target, records, pairs, icfg, rng) -> list[dict]:
+    """The prompt-level probes of the source model's pairs, replayed on ``target``.
+
+    The prompt locus is the one that needs nothing of the source model at run time: prepend feature
+    i's top-activating snippet, measure the shift toward feature j's tokens mapped into the target's
+    vocabulary. If unrelated-yet-interfering pairs still beat the baselines there, the interference
+    pattern is carried by the text, not only by one model's SAE.
+    """
+    from workbench.sae.interventions import embedding_cosines, next_token_metrics, next_token_probs, snippet
+
+    prompts = icfg["prompts"]
+    before = next_token_probs(target, prompts).numpy()
+    live = list(records)
+    rows = []
+    for condition, plist in pairs.items():
+        for i, j, interference in plist:
+            tokens = map_tokens(records[j]["token_set_text"], target.tokenizer)
+            if not tokens:
+                continue
+            source = i if condition != "random" else int(rng.choice([f for f in live if f != j]))
+            after = next_token_probs(target, [snippet(records[source]) + "\n" + p for p in prompts]).numpy()
+            cosines = embedding_cosines(target, tokens)
+            for k in range(len(prompts)):
+                m = next_token_metrics(before[k], after[k], tokens, cosines, k=icfg["topk"])
+                rows.append({"condition": condition, "locus": "prompt", "scale": 1.0, "source": i, "target": j,
+                             "interference": interference, "prompt": k, "target_tokens": len(tokens),
+                             "source_tokens": len(records[j]["token_set"]), **{key: float(m[key]) for key in METRICS}})
     return rows
 
 
@@ -241,9 +282,17 @@ def run_experiment(cfg: dict) -> dict:
                                      "n_unrelated_interfering", "min_interference", "cutoff")}
     summary["n_clusters"] = {k: int(len(set(v))) for k, v in inter["clusters"].items()}
     summary["top_unrelated_interfering"] = unrelated
+    transfer = {}
+    for name in cfg.get("transfer", []):
+        target = load_model(name, device="cpu")
+        trials = transfer_trials(target, records, pairs, cfg["interventions"], rng)
+        transfer[name] = {"trials": trials, "stats": compare(trials, cfg["interventions"]["n_bootstrap"], rng)}
+        log.info("transfer to %s: %d trials", name, len(trials))
+        del target
     return {"config": cfg, "versions": versions(), "seconds": round(time.time() - started, 1),
             "residual_median_norm": norm, "saes": sae_rows, "features": feats, "interference": summary,
-            "pairs": {k: [list(p) for p in v] for k, v in pairs.items()}, "trials": rows, "stats": stats}
+            "pairs": {k: [list(p) for p in v] for k, v in pairs.items()}, "trials": rows, "stats": stats,
+            "transfer": transfer}
 
 
 def write_experiment(result: dict, out: str | Path) -> Path:
@@ -256,6 +305,12 @@ def write_experiment(result: dict, out: str | Path) -> Path:
     write_csv(out / "trials.csv", result["trials"])
     write_csv(out / "stats.csv", result["stats"])
     write_json_atomic(out / "interference.json", result["interference"])
-    write_json_atomic(out / "results.json", {k: v for k, v in result.items() if k != "trials"})
+    for name, t in result.get("transfer", {}).items():
+        write_csv(out / f"transfer-{name}-trials.csv", t["trials"])
+        write_csv(out / f"transfer-{name}-stats.csv", t["stats"])
+    write_json_atomic(out / "results.json", {
+        **{k: v for k, v in result.items() if k not in ("trials", "transfer")},
+        "transfer": {name: {"stats": t["stats"], "n_trials": len(t["trials"])}
+                     for name, t in result.get("transfer", {}).items()}})
     figure(out / "figure.png", result["stats"], result["interference"])
     return out
