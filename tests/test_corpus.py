@@ -111,3 +111,18 @@ def test_installed_packages_give_two_million_tokens():
     assert sum(manifest["characters"].values()) > 4 * 2_000_000
     blocks = corpus.token_blocks(byte_tokenizer(), 4096, 512, split="heldout")
     assert blocks.shape == (8, 512)
+
+
+def test_concurrent_builders_share_one_build_and_a_broken_one_is_redone(fake_site):
+    """Builders in parallel threads wait on the lock and reuse the build; a half-written folder is rebuilt."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        folders = list(pool.map(lambda _: corpus.build_corpus([fake_site]), range(4)))
+    assert len(set(folders)) == 1
+    folder = folders[0]
+    good = (folder / "train.jsonl").read_text()
+    (folder / "train.jsonl").unlink()  # a crash or a cleaner removed one split: the manifest alone is not enough
+    assert corpus.build_corpus([fake_site]) == folder and (folder / "train.jsonl").read_text() == good
+    (folder / "manifest.json").write_text("{not json")
+    assert corpus.build_corpus([fake_site]) == folder and json.loads((folder / "manifest.json").read_text())

@@ -169,11 +169,31 @@ def _fingerprint(roots: list[Path]) -> str:
 
 def build_corpus(roots: Iterable[Path] | None = None, force: bool = False) -> Path:
     """Build (once) and return the cache folder holding ``train.jsonl``, ``heldout.jsonl``, ``manifest.json``."""
+    import fcntl
+
     roots = [Path(r).resolve() for r in roots] if roots is not None else site_packages_dirs()
     folder = cache_dir("corpus", _fingerprint(roots))
     manifest = folder / "manifest.json"
-    if manifest.exists() and not force:
+    if _complete(folder) and not force:
         return folder
+    with open(folder / ".lock", "w") as lock:  # one builder at a time; the others wait, then reuse its result
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _complete(folder) and not force:
+            return folder
+        _build(roots, folder, manifest)
+    return folder
+
+
+def _complete(folder: Path) -> bool:
+    """A finished build: the manifest is written last, and both splits it counts are there."""
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return all((folder / f"{s}.jsonl").exists() for s in manifest.get("documents", {}))
+
+
+def _build(roots: list[Path], folder: Path, manifest: Path) -> None:
     counts = {"train": [0, 0], "heldout": [0, 0]}
     # per-process temporary names, renamed atomically: concurrent builders cannot clash
     tmp = {s: folder / f"{s}.jsonl.{os.getpid()}.tmp" for s in counts}
@@ -199,7 +219,6 @@ def build_corpus(roots: Iterable[Path] | None = None, force: bool = False) -> Pa
         "characters": {s: c[1] for s, c in counts.items()},
     }, indent=2))
     tmp_manifest.replace(manifest)
-    return folder
 
 
 def corpus_manifest() -> dict:
