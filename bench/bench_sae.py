@@ -7,8 +7,8 @@ python bench/bench_sae.py [--d-in 576] [--d-sae 16384] [--train-steps 20] [--out
 - interference: ``interference_scan`` (top-32 partners + all-pairs bins, blocked) on a random decoder
   of ``d_sae`` features: seconds and peak RSS increase (the dense d_sae^2 float32 matrix would be
   d_sae^2 * 4 bytes).
-Not measured here: SAELens's LanguageModelSAETrainingRunner, which computes activations itself from
-a HF dataset, so it cannot be fed the same stored activations.
+The comparison with SAELens's own LanguageModelSAETrainingRunner (which computes activations itself)
+is end to end, in bench_sae_runner.py.
 """
 
 from __future__ import annotations
