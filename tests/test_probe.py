@@ -92,3 +92,13 @@ def test_bad_inputs(tiny, tmp_path):
         run_probe(tiny, ProbeConfig(**{**SMALL, "layers": [7]}), tmp_path / "p", progress=False)
     with pytest.raises(WorkbenchError, match="unknown condition"):
         run_probe(tiny, ProbeConfig(**{**SMALL, "conditions": ("jailbreak",)}), tmp_path / "p", progress=False)
+
+
+def test_flow_figure_labels_positions_with_layer_numbers():
+    from workbench.probe_report import flow_figure
+
+    curves = {"clean_curve": [1.0, 2.0], "adversarial_curve": [1.5, 2.5]}
+    flow = {"layers": [0, 9, 29], "gaps": {"1": {"pairs": [[0, 1], [1, 2]], "flow": curves, "control": curves}}}
+    fig = flow_figure(flow, "flow")
+    assert list(fig.layout.xaxis.ticktext) == ["0", "9", "29"] and list(fig.layout.xaxis.tickvals) == [0, 1, 2]
+    assert len(fig.data) == 4

@@ -96,6 +96,8 @@ def flow_figure(flow: dict, title: str):
                                          name=f"gap {gap} {cls}{' (permuted control)' if kind == 'control' else ''}"))
     fig.update_layout(title=title, xaxis_title="first layer of the pair", yaxis_title="total H1 persistence (Alpha)",
                       template="plotly_white", height=420)
+    layers = flow.get("layers", [])  # x is the position among the captured layers: label it with their numbers
+    fig.update_xaxes(tickvals=list(range(len(layers))), ticktext=[str(L) for L in layers])
     return fig
 
 

@@ -87,8 +87,6 @@ if result.get("neuron_flow", {}).get("gaps"):
     fig = flow_figure(flow, "neuron-level flow: total H1 persistence of neuron-pair clouds")
     if layer in flow["layers"]:  # the figure's x is the position in the captured layers, not the layer number
         fig.add_vline(x=flow["layers"].index(layer), line_dash="dash", line_color="grey")
-    fig.update_xaxes(tickvals=list(range(len(flow["layers"]))), ticktext=[str(L) for L in flow["layers"]],
-                     title_text="first layer of the pair")
     st.plotly_chart(fig, width="stretch", key="flow")
 else:
     missing("This run has no neuron-level flow.", "workbench probe --quick  (flow_samples > 0, at least 2 layers)")
