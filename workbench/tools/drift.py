@@ -2,7 +2,7 @@
 
 A tool is a set of hooks (a quantization setting, a sparse-attention method, a steering vector). The
 same tokens run with and without it, and per layer we compare the residual stream (BOS left out: its
-huge norm would dominate every figure; the L2 drift lives beside the tool's evaluation):
+huge norm would dominate every figure; ``relative_l2`` also gives the L2 drift with it):
 
 - **topology drift**: the Rips persistence of the same ``k`` token positions in both runs; bottleneck
   distances between the H0 and the H1 diagrams, divided by the reference cloud's largest H0 death so
@@ -23,12 +23,23 @@ import torch
 SIGNATURE = ("h0_death_mean", "h1_count", "h1_persistence_mean", "h1_entropy")
 
 
-def site_stream(model, tokens: torch.Tensor, sites: Sequence[str]) -> dict[str, torch.Tensor]:
-    """``{site: (n_tokens, d)}`` without position 0, under whatever hooks the caller has made active."""
+def site_activations(model, tokens: torch.Tensor, sites: Sequence[str]) -> dict[str, torch.Tensor]:
+    """``{site: (batch, pos, d)}`` in float32, under whatever hooks the caller has made active."""
     wanted = set(sites)
     with torch.inference_mode():
         _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in wanted, return_type=None)
-    return {n: cache[n][:, 1:].reshape(-1, cache[n].shape[-1]).float() for n in sites}
+    return {n: cache[n].float() for n in sites}
+
+
+def token_rows(acts: dict[str, torch.Tensor], sites: Sequence[str]) -> dict[str, torch.Tensor]:
+    """``{site: (n_tokens, d)}``: every position but the first (BOS), as the drift measures want them."""
+    return {n: acts[n][:, 1:].reshape(-1, acts[n].shape[-1]) for n in sites}
+
+
+def relative_l2(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor], sites: Sequence[str],
+                start: int = 0) -> list[float]:
+    """``||got - ref|| / ||ref||`` per site over positions ``>= start`` of ``(batch, pos, d)`` activations."""
+    return [((got[n][:, start:] - ref[n][:, start:]).norm() / ref[n][:, start:].norm()).item() for n in sites]
 
 
 def cloud_topology(clouds: dict, k: int = 128, seed: int = 0, maxdim: int = 1) -> dict:

@@ -29,7 +29,14 @@ import torch
 
 from workbench.errors import WorkbenchError
 from workbench.tools import quant
-from workbench.tools.drift import DriftMeter, drift_figure, has_drift, site_stream
+from workbench.tools.drift import (
+    DriftMeter,
+    drift_figure,
+    has_drift,
+    relative_l2,
+    site_activations,
+    token_rows,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,12 +203,10 @@ def resid_drifts(model, tokens: torch.Tensor, setting: str | dict | QuantSetting
                  starts: Sequence[int] = (0, 1)) -> dict[int, list[float]]:
     """``resid_drift`` for several start positions from one pair of forward passes."""
     names = [f"blocks.{L}.hook_resid_post" for L in range(model.cfg.n_layers)]
-    with torch.inference_mode():
-        _, ref = model.run_with_cache(tokens, names_filter=lambda n: n in names, return_type=None)
-        with apply_setting(model, setting):
-            _, got = model.run_with_cache(tokens, names_filter=lambda n: n in names, return_type=None)
-    return {s: [((got[n][:, s:] - ref[n][:, s:]).norm() / ref[n][:, s:].norm()).item() for n in names]
-            for s in starts}
+    ref = site_activations(model, tokens, names)
+    with apply_setting(model, setting):
+        got = site_activations(model, tokens, names)
+    return {s: relative_l2(ref, got, names, s) for s in starts}
 
 
 def compare_settings(model, token_blocks: torch.Tensor, settings: Sequence[str | dict | QuantSetting],
@@ -222,10 +227,14 @@ def compare_settings(model, token_blocks: torch.Tensor, settings: Sequence[str |
         setting_hooks(model, s)
     block_len = token_blocks.shape[1]
     ordered = [PRESETS["float"]] + [s for s in resolved if s.name != "float"]
-    meter_tokens = token_blocks[:drift_blocks]
+    # one float forward on the drift tokens serves every setting's L2, topology and SAE drift
+    drift_batch = token_blocks[:drift_blocks]
     meter = DriftMeter(model, topology_layers, topology_k, sae, seed)
+    names = [f"blocks.{L}.hook_resid_post" for L in range(model.cfg.n_layers)]
+    sites = list(dict.fromkeys(names + meter.sites))
+    ref = site_activations(model, drift_batch, sites)
     if meter.sites:
-        meter.set_reference(site_stream(model, meter_tokens, meter.sites))
+        meter.set_reference(token_rows(ref, meter.sites))
     rows, float_nll = [], None
     for s in ordered:
         t0 = time.perf_counter()
@@ -233,8 +242,12 @@ def compare_settings(model, token_blocks: torch.Tensor, settings: Sequence[str |
             nll = token_nll(model, token_blocks, batch_size=batch_size, progress=progress, desc=s.name)
         seconds = time.perf_counter() - t0
         float_nll = nll if float_nll is None else float_nll
-        drifts = resid_drifts(model, token_blocks[:drift_blocks], s) if s.name != "float" else {0: [], 1: []}
-        drift, drift_tokens = drifts[0], drifts[1]
+        if s.name == "float":
+            got, drift, drift_tokens = ref, [], []
+        else:
+            with apply_setting(model, s):
+                got = site_activations(model, drift_batch, sites)
+            drift, drift_tokens = relative_l2(ref, got, names, 0), relative_l2(ref, got, names, 1)
         ends = window_end_positions(block_len, s.levels, s.sink_tokens)
         causal = s.mixes() != "sequence"
         rows.append({
@@ -256,8 +269,7 @@ def compare_settings(model, token_blocks: torch.Tensor, settings: Sequence[str |
             "n_tokens": int(token_blocks.numel()),
         })
         if meter.sites:
-            with apply_setting(model, s):
-                rows[-1] |= meter.measure(site_stream(model, meter_tokens, meter.sites))
+            rows[-1] |= meter.measure(token_rows(got, meter.sites))
     return rows
 
 
