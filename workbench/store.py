@@ -36,6 +36,22 @@ def write_json_atomic(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
+def write_csv_atomic(path: Path, rows: list[dict]) -> None:
+    """``rows`` as CSV (columns: every key, in first-seen order), replacing ``path`` atomically; no rows, no file."""
+    import csv
+
+    if not rows:
+        return
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, path)
+
+
 @dataclass
 class ShardData:
     tensors: dict  # site -> torch.Tensor (rows first); TOKEN_KEYS when positions == "all"

@@ -30,7 +30,7 @@ import traceback
 from pathlib import Path
 
 from workbench.errors import WorkbenchError
-from workbench.store import write_json_atomic
+from workbench.store import write_csv_atomic, write_json_atomic
 
 log = logging.getLogger(__name__)
 ENGINES = ("local", "ray")
@@ -200,21 +200,12 @@ def results_table(outcome: dict) -> list[dict]:
 
 def write_results(outcome: dict, out: str | Path) -> Path:
     """``results.csv`` and ``results.json`` (config, versions) in ``out``, then the config's ``report`` if any."""
-    import csv
-
     from workbench.report import versions
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rows = results_table(outcome)
-    if rows:
-        columns = list(dict.fromkeys(k for row in rows for k in row))
-        tmp = out / "results.csv.tmp"
-        with open(tmp, "w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=columns)
-            writer.writeheader()
-            writer.writerows(rows)
-        tmp.replace(out / "results.csv")
+    write_csv_atomic(out / "results.csv", rows)
     config = outcome.get("config", {})
     write_json_atomic(out / "results.json", {"name": outcome["name"], "config": config, "versions": versions(),
                                              "rows": rows, "failed": outcome["failed"]})

@@ -9,7 +9,6 @@ prompt-level probes replayed on each ``transfer`` model), results.json and figur
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
 import time
@@ -193,15 +192,6 @@ def compare(rows: list[dict], n_boot: int, rng) -> list[dict]:
     return out
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
-    if not rows:
-        return
-    with path.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-
-
 def figure(path: Path, stats: list[dict], inter: dict) -> None:
     try:
         import matplotlib
@@ -297,17 +287,17 @@ def run_experiment(cfg: dict) -> dict:
 
 def write_experiment(result: dict, out: str | Path) -> Path:
     """The study's files in ``out`` (see the module docstring)."""
-    from workbench.store import write_json_atomic
+    from workbench.store import write_csv_atomic, write_json_atomic
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    write_csv(out / "saes.csv", [{k: v for k, v in r.items() if k != "path"} for r in result["saes"]])
-    write_csv(out / "trials.csv", result["trials"])
-    write_csv(out / "stats.csv", result["stats"])
+    write_csv_atomic(out / "saes.csv", [{k: v for k, v in r.items() if k != "path"} for r in result["saes"]])
+    write_csv_atomic(out / "trials.csv", result["trials"])
+    write_csv_atomic(out / "stats.csv", result["stats"])
     write_json_atomic(out / "interference.json", result["interference"])
     for name, t in result.get("transfer", {}).items():
-        write_csv(out / f"transfer-{name}-trials.csv", t["trials"])
-        write_csv(out / f"transfer-{name}-stats.csv", t["stats"])
+        write_csv_atomic(out / f"transfer-{name}-trials.csv", t["trials"])
+        write_csv_atomic(out / f"transfer-{name}-stats.csv", t["stats"])
     write_json_atomic(out / "results.json", {
         **{k: v for k, v in result.items() if k not in ("trials", "transfer")},
         "transfer": {name: {"stats": t["stats"], "n_trials": len(t["trials"])}

@@ -357,19 +357,15 @@ def run_quant_eval(model: str = "smollm2-135m", settings: Sequence[str | dict] |
 def write_quant_results(rows: list[dict], out, model: str, block_len: int, settings: Sequence,
                         source: str | None = None, config: dict | None = None) -> None:
     """results.csv, results.json (config, settings, environment, corpus), results.md and figure.html in ``out``."""
-    import csv
     import json
     from pathlib import Path
 
     from workbench.data.corpus import corpus_manifest
+    from workbench.store import write_csv_atomic
 
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    flat = [{k: v for k, v in r.items() if not isinstance(v, list)} for r in rows]
-    with (folder / "results.csv").open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(flat[0]))
-        writer.writeheader()
-        writer.writerows(flat)
+    write_csv_atomic(folder / "results.csv", [{k: v for k, v in r.items() if not isinstance(v, list)} for r in rows])
     n_tokens = rows[0]["n_tokens"]
     record = {
         "config": config,

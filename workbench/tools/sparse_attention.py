@@ -682,21 +682,17 @@ def run_attention_eval(model: str = "smollm2-135m", methods: Sequence[str] | Non
 def write_attention_results(rows: list[dict], out, model: str, context: int, decode_steps: int,
                             source: str | None = None, config: dict | None = None) -> None:
     """results.csv, results.json (config, versions, corpus, per-layer metrics), results.md and figure.html."""
-    import csv
     import json
     from pathlib import Path
 
     from workbench.data.corpus import corpus_manifest
+    from workbench.store import write_csv_atomic
     from workbench.tools.drift import drift_figure, has_drift
     from workbench.tools.evaluate import environment, markdown_table
 
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    flat = [{k: v for k, v in r.items() if not isinstance(v, list | dict)} for r in rows]
-    with (folder / "results.csv").open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(flat[0]))
-        writer.writeheader()
-        writer.writerows(flat)
+    write_csv_atomic(folder / "results.csv", [{k: v for k, v in r.items() if not isinstance(v, list | dict)} for r in rows])
     record = {"config": config, "environment": environment(), "corpus": None if source else corpus_manifest(),
               "rows": rows}
     (folder / "results.json").write_text(json.dumps(record, indent=2))
