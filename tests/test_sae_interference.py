@@ -173,3 +173,49 @@ def test_transfer_trials_replay_prompt_probes_on_another_model(tiny):
     assert all(r["locus"] == "prompt" and r["kl"] > 0 and r["target_tokens"] == 3 for r in rows)
     stats = compare(rows, 50, np.random.default_rng(0))
     assert {s["baseline"] for s in stats} == {"random", "related", "low_interference"}
+
+
+# ----------------------------------------------------------------------------- shared across models
+
+
+def test_match_features_mutual_nearest_neighbours():
+    from workbench.sae.shared import match_features
+
+    a = np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1.0]])
+    b = np.array([[0, 0.8, 0.6], [0.99, 0.141, 0], [0, 0.6, 0.8]])  # A0~B1; A1 and A2 both like B0/B2
+    got = match_features(a, [10, 11, 12], b, [20, 21, 22], min_similarity=0.7)
+    assert got[10][0] == 21 and got[10][1] == pytest.approx(0.99)
+    assert got[11] == (20, pytest.approx(0.8)) and got[12] == (22, pytest.approx(0.8))
+    assert match_features(a, [10, 11, 12], b, [20, 21, 22], min_similarity=0.9) == {10: (21, pytest.approx(0.99))}
+    with pytest.raises(WorkbenchError, match="same embedder"):
+        match_features(a, [1, 2, 3], b[:, :2], [1, 2, 3])
+
+
+def test_shared_interference_finds_repeated_geometry():
+    """B = A rotated (same geometry, permuted features): every interfering pair repeats, far above the null."""
+    from workbench.sae.shared import shared_interference
+
+    rng = np.random.default_rng(0)
+    Wa = rng.normal(size=(64, 16))
+    Wa[1] = Wa[0] + 0.3 * rng.normal(size=16)  # an interfering pair
+    Wa[3] = Wa[2] + 0.5 * rng.normal(size=16)
+    Q, _ = np.linalg.qr(rng.normal(size=(16, 16)))
+    perm = rng.permutation(64)
+    Wb = np.empty_like(Wa)
+    Wb[perm] = Wa @ Q  # feature f of A is feature perm[f] of B
+    matches = {f: (int(perm[f]), 0.9) for f in range(64)}
+    unit = Wa / np.linalg.norm(Wa, axis=1, keepdims=True)
+    pairs = [{"i": i, "j": j, "interference": float(abs(unit[i] @ unit[j]))} for i in range(64) for j in range(i + 1, 64)]
+    unrelated = [p for p in pairs if p["interference"] >= 0.6]
+    got = shared_interference({"pairs": pairs, "unrelated_interfering": unrelated}, Wa, Wb, matches,
+                              min_interference_b=0.6, n_null=2000)
+    assert got["table_spearman"]["rho"] == pytest.approx(1.0)
+    assert all(r["interference_b"] == pytest.approx(r["interference"]) for r in got["rows"])
+    assert {(r["i"], r["j"]) for r in got["shared"]} == {(p["i"], p["j"]) for p in unrelated} and len(unrelated) >= 2
+    assert got["unrelated_interfering"]["p"] < 1e-3 and got["unrelated_interfering"]["rate_b"] == 1.0
+    # an unrelated decoder: no pair repeats beyond chance
+    other = shared_interference({"pairs": pairs, "unrelated_interfering": unrelated}, Wa, rng.normal(size=(64, 16)),
+                                matches, min_interference_b=0.6, n_null=2000)
+    assert abs(other["table_spearman"]["rho"]) < 0.2 and other["unrelated_interfering"]["p"] > 0.01
+    with pytest.raises(WorkbenchError, match="lower min_similarity"):
+        shared_interference({"pairs": pairs, "unrelated_interfering": unrelated}, Wa, Wb, {0: (0, 1.0)})

@@ -3,8 +3,11 @@
 Module-scoped fixtures train once; text comes from a generated local source so no corpus build runs.
 """
 
+import json
+
 import numpy as np
 import pytest
+import torch
 
 from workbench.errors import WorkbenchError
 
@@ -85,10 +88,13 @@ def test_standard_sae_trains_and_resumes(store, tmp_path):
     sae = train_sae(cfg, store_batches(store, SITE, 256), 64, tmp_path, progress=False)
     x = store.get(SITE).float()[:1000]
     assert np.isfinite(_mse(sae, x))
-    # a second call resumes from the checkpoint and finishes with the same token count
-    cfg.n_tokens = 10_240
+    # a finished SAE is loaded, not retrained
     again = train_sae(cfg, store_batches(store, SITE, 256), 64, tmp_path, progress=False)
-    assert again.cfg.d_sae == 128
+    assert torch.equal(again.W_dec, sae.W_dec)
+    # without its record of completion, a call resumes from the checkpoint and finishes with the same token count
+    (tmp_path / "workbench.json").unlink()
+    resumed = train_sae(cfg, store_batches(store, SITE, 256), 64, tmp_path, progress=False)
+    assert resumed.cfg.d_sae == 128 and json.loads((tmp_path / "workbench.json").read_text())["tokens_trained"] == 10_240
 
 
 def test_evaluate_sae_metrics(tiny, trained, text_source):

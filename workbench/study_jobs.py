@@ -166,10 +166,13 @@ def polysemantic(params: dict, work: Path) -> dict:
     from workbench.sae.experiment import run_experiment
 
     result = run_experiment(dict(params))
-    main = result["saes"][params["analysis_sae"]]
+    main = result["saes"][result["config"]["analysis_sae"]]
     return {"sae": main["name"], **{k: main[k] for k in ("l0", "explained_variance", "dead_fraction", "ce_recovered")},
             "n_unrelated_interfering": result["interference"]["n_unrelated_interfering"],
-            "n_trials": len(result["trials"]), "experiment": result}
+            "n_trials": len(result["trials"]),
+            **{f"shared_with_{name}": len(t["shared"]["shared"]) for name, t in result["transfer"].items()
+               if "shared" in t},
+            "experiment": result}
 
 
 def polysemantic_report(outcome: dict, out: Path) -> None:

@@ -1,11 +1,12 @@
-"""The within-model interference experiment: train SAEs, map interference, intervene at four loci vs baselines.
+"""The interference experiment: train SAEs, map interference, intervene at four loci vs baselines, share.
 
 ``run_experiment(cfg)`` computes (the ``polysemantic`` study job); ``write_experiment(result, out)`` writes
 saes.csv, interference.json, trials.csv (one row per condition x locus x scale x pair x prompt), stats.csv
-(interfering vs each baseline per locus and scale and best-over-scales: mean difference, bootstrap 95% CI,
-Mann-Whitney p, Benjamini-Hochberg q over every comparison), transfer-MODEL-{trials,stats}.csv (the
-prompt-level probes replayed on each ``transfer`` model), results.json and figure.png.
-"""
+(interfering, and shared when a partner model gives shared pairs, vs each baseline per locus and scale and
+best-over-scales: mean difference, bootstrap 95% CI, Mann-Whitney p, Benjamini-Hochberg q over every
+comparison), per ``transfer`` partner transfer-MODEL-{trials,stats}.csv (the prompt-level probes replayed
+on the partner) and shared-MODEL-pairs.csv (the unrelated-yet-interfering pairs with the partner's
+interference of their matched counterparts), results.json and figure.png."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ log = logging.getLogger(__name__)
 
 METRICS = ("wcos_rel_change", "overlap_delta", "entered_topk", "kl")
 BASELINES = ("random", "related", "low_interference")
+TESTED = ("interfering", "shared")  # conditions compared with every baseline
+SHARED_ROWS = ("rows", "unrelated_rows", "null_values")  # per-pair tables of workbench.sae.shared (CSV, not results.json)
 
 
 def choose_pairs(inter: dict, records: dict, W, n: int, rng) -> dict[str, list[tuple[int, int, float]]]:
@@ -156,7 +159,8 @@ def transfer_trials(target, records, pairs, icfg, rng) -> list[dict]:
 
 
 def compare(rows: list[dict], n_boot: int, rng) -> list[dict]:
-    """Interfering vs each baseline, per locus x (each scale, best-over-scales) x metric; BH across all."""
+    """Each tested condition (interfering; shared when present) vs each baseline, per locus x (each scale,
+    best-over-scales) x metric; Benjamini-Hochberg across all comparisons."""
     from scipy.stats import false_discovery_control, mannwhitneyu
 
     def values(cond, locus, scale, metric):
@@ -170,21 +174,24 @@ def compare(rows: list[dict], n_boot: int, rng) -> list[dict]:
         return np.array(list(best.values()), dtype=float)
 
     out = []
-    for locus in sorted({r["locus"] for r in rows}):
-        scales = sorted({r["scale"] for r in rows if r["locus"] == locus}) + ["best"]
-        for scale in scales:
-            for metric in METRICS:
-                a = values("interfering", locus, scale, metric)
-                for base in BASELINES:
-                    b = values(base, locus, scale, metric)
-                    if len(a) < 2 or len(b) < 2:
-                        continue
-                    diffs = [rng.choice(a, len(a)).mean() - rng.choice(b, len(b)).mean() for _ in range(n_boot)]
-                    lo, hi = np.percentile(diffs, [2.5, 97.5])
-                    p = mannwhitneyu(a, b, alternative="two-sided").pvalue if np.ptp(np.r_[a, b]) > 0 else 1.0
-                    out.append({"locus": locus, "scale": scale, "metric": metric, "baseline": base,
-                                "interfering_mean": a.mean(), "baseline_mean": b.mean(), "diff": a.mean() - b.mean(),
-                                "ci_low": lo, "ci_high": hi, "p": float(p), "n_interfering": len(a), "n_baseline": len(b)})
+    tested = [c for c in TESTED if any(r["condition"] == c for r in rows)]
+    for condition in tested:
+        for locus in sorted({r["locus"] for r in rows}):
+            scales = sorted({r["scale"] for r in rows if r["locus"] == locus}) + ["best"]
+            for scale in scales:
+                for metric in METRICS:
+                    a = values(condition, locus, scale, metric)
+                    for base in BASELINES:
+                        b = values(base, locus, scale, metric)
+                        if len(a) < 2 or len(b) < 2:
+                            continue
+                        diffs = [rng.choice(a, len(a)).mean() - rng.choice(b, len(b)).mean() for _ in range(n_boot)]
+                        lo, hi = np.percentile(diffs, [2.5, 97.5])
+                        p = mannwhitneyu(a, b, alternative="two-sided").pvalue if np.ptp(np.r_[a, b]) > 0 else 1.0
+                        out.append({"condition": condition, "locus": locus, "scale": scale, "metric": metric,
+                                    "baseline": base, "condition_mean": a.mean(), "baseline_mean": b.mean(),
+                                    "diff": a.mean() - b.mean(), "ci_low": lo, "ci_high": hi, "p": float(p),
+                                    "n_condition": len(a), "n_baseline": len(b)})
     if out:
         q = false_discovery_control([r["p"] for r in out], method="bh")
         for r, qq in zip(out, q, strict=True):
@@ -204,7 +211,8 @@ def figure(path: Path, stats: list[dict], inter: dict) -> None:
     axes[0].bar(inter["bins"], inter["base_rates"])
     axes[0].set_yscale("log")
     axes[0].set_title("interference base rates (all decoder pairs)")
-    sel = [s for s in stats if s["metric"] == "wcos_rel_change" and s["scale"] != "best"]
+    sel = [s for s in stats if s["metric"] == "wcos_rel_change" and s["scale"] != "best"
+           and s["condition"] == "interfering"]
     labels = [f"{s['locus']}\n{s['scale']:g} vs {s['baseline'][:4]}" for s in sel]
     x = np.arange(len(sel))
     axes[1].errorbar(x, [s["diff"] for s in sel], yerr=[[s["diff"] - s["ci_low"] for s in sel],
@@ -216,34 +224,50 @@ def figure(path: Path, stats: list[dict], inter: dict) -> None:
     fig.savefig(path, dpi=110)
 
 
-def run_experiment(cfg: dict) -> dict:
-    """Everything the study reports, from one config (``model``, ``seed``, ``collect``, ``saes``, ...)."""
-    import torch
+def model_config(cfg: dict, name: str) -> dict:
+    """The study config as seen by one model: its entry under ``models`` (sites, SAEs, ...) laid over the rest."""
+    per = (cfg.get("models") or {}).get(name) or {}
+    merged = {**cfg, **{k: v for k, v in per.items() if k != "collect"}, "model": name}
+    merged["collect"] = {**cfg.get("collect", {}), **per.get("collect", {})}
+    return merged
 
-    from workbench.models import load_model
-    from workbench.report import versions
-    from workbench.sae.cli import default_store_path, run_features, run_interference, run_train
+
+def sae_name(cfg: dict, n: int) -> str:
+    spec = cfg["saes"][n]
+    return f"study-{cfg['model']}-{n}-{spec['site'].split('.')[1]}-{spec['architecture']}-{spec.get('d_sae')}"
+
+
+def prepare_model(cfg: dict, model, only_analysis: bool = False) -> dict:
+    """One model's SAEs (trained or resumed by name), and its analysis SAE's descriptions and interference map.
+
+    Descriptions and the interference map are reused when they are newer than the SAE and were made
+    with the same settings; ``only_analysis`` trains just the analysis SAE (what a partner model needs).
+    """
+    from workbench.sae.cli import (
+        EMBEDDINGS_FILE,
+        FEATURES_FILE,
+        INTERFERENCE_FILE,
+        default_store_path,
+        run_features,
+        run_interference,
+        run_train,
+    )
     from workbench.sae.features import records_by_feature
     from workbench.sae.load import load_sae
-    from workbench.store import ActivationStore
 
-    torch.manual_seed(cfg["seed"])
-    rng = np.random.default_rng(cfg["seed"])
-    model = load_model(cfg["model"], device="cpu")
     c = cfg["collect"]
     store_path = default_store_path(cfg["model"], c["sites"], c["n_tokens"], c["block_len"])
-    started = time.time()
     sae_rows = []
     for n, spec in enumerate(cfg["saes"]):
+        if only_analysis and n != cfg["analysis_sae"]:
+            continue
         spec = dict(spec)
         res = run_train(model, spec.pop("site"), architecture=spec.pop("architecture"), n_tokens=c["n_tokens"],
                         train_tokens=spec.pop("train_tokens", cfg["train_tokens"]), block_len=c["block_len"],
                         activations=str(store_path), collect_sites=c["sites"],
-                        collect_budget_s=c["budget_s"] if n == 0 else 0, eval_tokens=cfg["eval_tokens"],
-                        seed=cfg["seed"], source=cfg.get("source"), progress=False,
-                        name=f"study-{cfg['model']}-{n}-{cfg['saes'][n]['site'].split('.')[1]}-"
-                             f"{cfg['saes'][n]['architecture']}-{cfg['saes'][n].get('d_sae')}", **spec)
-        sae_rows.append({"name": res["name"], "site": res["metrics"]["site"],
+                        collect_budget_s=c["budget_s"] if not sae_rows else 0, eval_tokens=cfg["eval_tokens"],
+                        seed=cfg["seed"], source=cfg.get("source"), progress=False, name=sae_name(cfg, n), **spec)
+        sae_rows.append({"name": res["name"], "site": res["metrics"]["site"], "model": cfg["model"],
                          "architecture": cfg["saes"][n]["architecture"], "d_sae": cfg["saes"][n].get("d_sae"),
                          "tokens_collected": res["tokens_collected"], "tokens_trained": res["tokens_trained"],
                          "epochs": round(res["epochs"], 2),
@@ -251,19 +275,130 @@ def run_experiment(cfg: dict) -> dict:
                                                            "ce_spliced", "ce_zero_ablation", "ce_recovered")},
                          "path": res["path"]})
         log.info("SAE %s: %s", res["name"], res["metrics"])
-    main_sae = sae_rows[cfg["analysis_sae"]]
-    feats = run_features(main_sae["path"], model, progress=False)
+    main = next(r for r in sae_rows if r["name"] == sae_name(cfg, cfg["analysis_sae"]))
+    folder = Path(main["path"])
+    weights = folder / "sae_weights.safetensors"
     ic = cfg["interference"]
-    inter_summary = run_interference(main_sae["path"], model, k=ic["k"], min_interference=ic["min_interference"],
-                                     cutoff=ic["cutoff"])
-    inter = json.loads(Path(inter_summary["path"]).read_text())
-    sae = load_sae(main_sae["path"], model=model)
-    records = records_by_feature(json.loads((Path(main_sae["path"]) / "features.json").read_text()))
-    pairs = choose_pairs(inter, records, sae.W_dec.detach().numpy(), cfg["interventions"]["n_pairs"], rng)
-    x = ActivationStore(store_path).get(main_sae["site"]).float()
-    norm = float(x.norm(dim=1).median())
-    rows = run_trials(model, sae, records, pairs, cfg["interventions"], rng, norm, log)
-    stats = compare(rows, cfg["interventions"]["n_bootstrap"], rng)
+
+    def fresh(name: str) -> bool:
+        f = folder / name
+        return f.exists() and (not weights.exists() or f.stat().st_mtime > weights.stat().st_mtime)
+
+    if fresh(FEATURES_FILE) and fresh(EMBEDDINGS_FILE):
+        feats = {"path": str(folder), "reused": True}
+    else:
+        feats = run_features(str(folder), model, progress=False)
+    inter = json.loads((folder / INTERFERENCE_FILE).read_text()) if fresh(INTERFERENCE_FILE) else {}
+    if [inter.get(k) for k in ("k", "min_interference", "cutoff")] != [ic["k"], ic["min_interference"], ic["cutoff"]] \
+            or not fresh(INTERFERENCE_FILE) or (folder / INTERFERENCE_FILE).stat().st_mtime < (folder / FEATURES_FILE).stat().st_mtime:
+        run_interference(str(folder), model, k=ic["k"], min_interference=ic["min_interference"], cutoff=ic["cutoff"])
+        inter = json.loads((folder / INTERFERENCE_FILE).read_text())
+    records = records_by_feature(json.loads((folder / FEATURES_FILE).read_text()))
+    return {"saes": sae_rows, "main": main, "features": feats, "interference": inter, "records": records,
+            "embeddings": np.load(folder / EMBEDDINGS_FILE), "sae": load_sae(str(folder), model=model),
+            "store_path": store_path}
+
+
+def median_norm(store, site: str) -> float:
+    """The median token norm at ``site``, shard by shard (a 2M-token store never exists as one float tensor)."""
+    import torch
+
+    norms = [store.read_shard(i).tensors[site].float().norm(dim=1) for i in range(len(store.manifest["shards"]))]
+    return float(torch.cat(norms).median())
+
+
+def shared_pairs(shared: dict, records: dict, n: int) -> list[tuple[int, int, float]]:
+    """The first ``n`` shared pairs whose target has a token set, one per source feature."""
+    out, used = [], set()
+    for r in shared["shared"]:
+        if records.get(r["i"], {}).get("token_set") and records.get(r["j"], {}).get("token_set") \
+                and r["i"] not in used:
+            out.append((r["i"], r["j"], r["interference"]))
+            used.add(r["i"])
+        if len(out) == n:
+            break
+    return out
+
+
+def shared_figure(path: Path, shared: dict, source: str, partner: str) -> None:
+    """A's interference vs the partner's for matched pairs, and the partner's interference: A's pairs vs the null."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    rows, unrel = shared["rows"], shared["unrelated_rows"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    axes[0].scatter([r["interference"] for r in rows], [r["interference_b"] for r in rows], s=3, alpha=0.3,
+                    label="top-k partner pairs")
+    axes[0].scatter([r["interference"] for r in unrel], [r["interference_b"] for r in unrel], s=8, color="C3",
+                    label="unrelated yet interfering")
+    axes[0].axhline(shared["min_interference_b"], color="grey", lw=0.5)
+    rho = shared["table_spearman"]
+    axes[0].set_xlabel(f"{source} |cos|")
+    axes[0].set_ylabel(f"{partner} |cos| of the matched features")
+    axes[0].set_title(f"matched pairs (Spearman {rho['rho']:.2f}, n={rho['n']})")
+    axes[0].legend(fontsize=7)
+    bins = np.linspace(0, 1, 41)
+    axes[1].hist(shared["null_values"], bins=bins, density=True, alpha=0.5, label="random matched pairs")
+    axes[1].hist([r["interference_b"] for r in unrel], bins=bins, density=True, alpha=0.5, color="C3",
+                 label=f"{source}'s unrelated yet interfering")
+    axes[1].set_yscale("log")
+    axes[1].set_xlabel(f"{partner} |cos|")
+    axes[1].legend(fontsize=7)
+    axes[1].set_title(f"{shared['n_matched']} features matched, {len(shared['shared'])} shared pairs")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_experiment(cfg: dict) -> dict:
+    """Everything the study reports, from one config (``model``, ``seed``, ``collect``, ``saes``, ...).
+
+    With ``transfer`` partners: each partner's analysis SAE is trained (or reused by name), features are
+    matched across the models (``workbench.sae.shared``), pairs that interfere in both become the
+    ``shared`` condition, tested at the four loci here and through prompt probes on the partner.
+    """
+    import torch
+
+    from workbench.models import load_model
+    from workbench.report import versions
+    from workbench.sae.shared import match_features, shared_interference
+    from workbench.store import ActivationStore
+
+    cfg = model_config(cfg, cfg["model"])
+    torch.manual_seed(cfg["seed"])
+    rng = np.random.default_rng(cfg["seed"])
+    model = load_model(cfg["model"], device="cpu")
+    started = time.time()
+    own = prepare_model(cfg, model)
+    sae, records, inter, icfg = own["sae"], own["records"], own["interference"], cfg["interventions"]
+    pairs = choose_pairs(inter, records, sae.W_dec.detach().numpy(), icfg["n_pairs"], rng)
+    sc = cfg.get("shared", {})
+    partners = {}
+    for name in cfg.get("transfer", []):
+        pcfg = model_config(cfg, name)
+        target = load_model(name, device="cpu")
+        other = prepare_model(pcfg, target, only_analysis=True)
+        matches = match_features(own["embeddings"], inter["features"], other["embeddings"],
+                                 other["interference"]["features"], sc.get("min_similarity", 0.6))
+        result = shared_interference(inter, sae.W_dec.detach().numpy(), other["sae"].W_dec.detach().numpy(),
+                                     matches, sc.get("min_interference_b", 0.2), seed=cfg["seed"])
+        result["pairs"] = shared_pairs(result, records, icfg["n_pairs"])
+        result["partner_sae"] = {k: v for k, v in other["main"].items() if k != "path"}
+        log.info("shared with %s: %d matched features, %d shared pairs", name, result["n_matched"],
+                 len(result["shared"]))
+        partners[name] = (target, result)
+    for _, result in partners.values():
+        pairs.setdefault("shared", [])
+        pairs["shared"] += [p for p in result["pairs"] if p not in pairs["shared"]]
+    if not pairs.get("shared"):
+        pairs.pop("shared", None)
+    norm = median_norm(ActivationStore(own["store_path"]), own["main"]["site"])
+    rows = run_trials(model, sae, records, pairs, icfg, rng, norm, log)
+    stats = compare(rows, icfg["n_bootstrap"], rng)
     unrelated = inter["unrelated_interfering"][:20]
     for p in unrelated:
         p["i_description"] = records[p["i"]]["description"][:160]
@@ -273,14 +408,14 @@ def run_experiment(cfg: dict) -> dict:
     summary["n_clusters"] = {k: int(len(set(v))) for k, v in inter["clusters"].items()}
     summary["top_unrelated_interfering"] = unrelated
     transfer = {}
-    for name in cfg.get("transfer", []):
-        target = load_model(name, device="cpu")
-        trials = transfer_trials(target, records, pairs, cfg["interventions"], rng)
-        transfer[name] = {"trials": trials, "stats": compare(trials, cfg["interventions"]["n_bootstrap"], rng)}
+    for name, (target, result) in partners.items():
+        own_pairs = {k: v for k, v in pairs.items() if k != "shared"} | {"shared": result["pairs"]}
+        trials = transfer_trials(target, records, own_pairs, icfg, rng)
+        transfer[name] = {"trials": trials, "stats": compare(trials, icfg["n_bootstrap"], rng), "shared": result}
         log.info("transfer to %s: %d trials", name, len(trials))
-        del target
+    del partners
     return {"config": cfg, "versions": versions(), "seconds": round(time.time() - started, 1),
-            "residual_median_norm": norm, "saes": sae_rows, "features": feats, "interference": summary,
+            "residual_median_norm": norm, "saes": own["saes"], "features": own["features"], "interference": summary,
             "pairs": {k: [list(p) for p in v] for k, v in pairs.items()}, "trials": rows, "stats": stats,
             "transfer": transfer}
 
@@ -298,9 +433,13 @@ def write_experiment(result: dict, out: str | Path) -> Path:
     for name, t in result.get("transfer", {}).items():
         write_csv_atomic(out / f"transfer-{name}-trials.csv", t["trials"])
         write_csv_atomic(out / f"transfer-{name}-stats.csv", t["stats"])
+        if "shared" in t:
+            write_csv_atomic(out / f"shared-{name}-pairs.csv", t["shared"]["unrelated_rows"])
+            shared_figure(out / f"shared-{name}.png", t["shared"], result["config"]["model"], name)
     write_json_atomic(out / "results.json", {
         **{k: v for k, v in result.items() if k not in ("trials", "transfer")},
-        "transfer": {name: {"stats": t["stats"], "n_trials": len(t["trials"])}
+        "transfer": {name: {"stats": t["stats"], "n_trials": len(t["trials"]),
+                            "shared": {k: v for k, v in t.get("shared", {}).items() if k not in SHARED_ROWS}}
                      for name, t in result.get("transfer", {}).items()}})
     figure(out / "figure.png", result["stats"], result["interference"])
     return out

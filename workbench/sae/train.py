@@ -237,6 +237,11 @@ def train_sae(cfg: TrainConfig, batches: Iterator, d_in: int, out: str | Path, r
     ckpt_dir = out / "checkpoints"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     steps = cfg.n_tokens // cfg.batch_size
+    done = read_meta(out)
+    if resume and done.get("config") == asdict(cfg) and done.get("tokens_trained", 0) >= steps * cfg.batch_size \
+            and (out / "cfg.json").exists():
+        log.info("%s is already trained with this config: loaded, not retrained", out)
+        return SAE.load_from_disk(str(out))
     tcfg = SAETrainerConfig(
         total_training_samples=steps * cfg.batch_size, train_batch_size_samples=cfg.batch_size, lr=cfg.lr,
         lr_end=cfg.lr / 10, lr_decay_steps=max(1, steps // 5), lr_warm_up_steps=min(100, steps // 20),

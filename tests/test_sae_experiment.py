@@ -1,0 +1,69 @@
+"""The polysemantic study job end to end on the tiny model, through the runner: SAE, map, four loci, sharing.
+
+The partner is the tiny model itself, so its analysis SAE is the same SAE (reused by name): every
+feature matches itself, B's interference equals A's, and the shared pairs are A's unrelated-yet-
+interfering pairs above the threshold. A sanity check of the whole cross-model path that could fail.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+
+@pytest.fixture(scope="module")
+def text_source(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("text")
+    words = ["river", "bank", "money", "loan", "water", "fish", "stream", "credit", "cash", "boat", "the", "a"]
+    rng = np.random.default_rng(0)
+    for d in range(60):
+        (folder / f"doc{d}.txt").write_text(" ".join(" ".join(rng.choice(words, 8)) + "." for _ in range(30)))
+    return folder
+
+
+def test_polysemantic_job_with_a_partner(tmp_path, monkeypatch, text_source):
+    from workbench.study import results_table, run_study, write_results
+
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
+    site = "blocks.1.hook_resid_post"
+    config = {
+        "name": "poly", "seed": 0, "job": "workbench.study_jobs:polysemantic",
+        "report": "workbench.study_jobs:polysemantic_report", "grid": {"model": ["tiny"]},
+        "fixed": {
+            "source": str(text_source), "train_tokens": 20000, "eval_tokens": 256, "analysis_sae": 0,
+            "collect": {"sites": [site], "n_tokens": 64 * 64, "block_len": 64, "budget_s": None},
+            "saes": [{"site": site, "architecture": "topk", "d_sae": 64, "k": 4, "batch_size": 256, "lr": 0.002}],
+            "transfer": ["tiny"],
+            "shared": {"min_similarity": 0.6, "min_interference_b": 0.29},
+            "interference": {"k": 8, "min_interference": 0.3, "cutoff": 0.4},
+            "interventions": {"n_pairs": 3, "topk": 10, "prompts": ["the river", "money and"], "n_bootstrap": 50,
+                              "scales": {"feature": [1.0], "token": [1.0], "neuron": [4.0], "prompt": [1.0]}},
+        },
+    }
+    path = tmp_path / "poly.yaml"
+    path.write_text(yaml.safe_dump(config))
+    outcome = run_study(path, progress=False)
+    assert not outcome["failed"], outcome["failed"]
+    out = write_results(outcome, tmp_path / "results")
+    row = results_table(outcome)[0]
+    assert row["sae"] == "study-tiny-0-1-topk-64" and 0 < row["l0"] <= 4
+    folder = out / "tiny"
+    record = json.loads((folder / "results.json").read_text())
+    shared = record["transfer"]["tiny"]["shared"]
+    # every feature matches itself, but features with identical descriptions only once
+    assert 0.9 * record["interference"]["n_described"] <= shared["n_matched"] <= record["interference"]["n_described"]
+    assert shared["table_spearman"]["rho"] > 0.99  # float32 scan vs float64 recomputation: near ties may swap
+    n_unrel = record["interference"]["n_unrelated_interfering"]
+    # features whose descriptions are identical may match each other's twin: allow a few
+    matched_unrelated = (folder / "shared-tiny-pairs.csv").read_text().splitlines()[1:]
+    assert len(matched_unrelated) >= len(shared["shared"]) >= 0.9 * len(matched_unrelated) >= 0.7 * min(n_unrel, 200)
+    same = [r["i_b"] == r["i"] and r["interference_b"] == pytest.approx(r["interference"], abs=1e-5)
+            for r in shared["shared"]]
+    assert sum(same) >= 0.95 * len(same) > 0
+    trials = (folder / "trials.csv").read_text().splitlines()
+    assert trials[0].startswith("condition,locus") and any(line.startswith("shared,") for line in trials[1:])
+    stats = (folder / "stats.csv").read_text()
+    assert "shared," in stats and "interfering," in stats
+    assert (folder / "shared-tiny.png").exists() and (folder / "figure.png").exists()
+    assert "shared" in (folder / "transfer-tiny-stats.csv").read_text()
