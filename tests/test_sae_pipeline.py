@@ -60,6 +60,30 @@ def test_collect_skips_bos_and_keeps_tokens(store):
     assert store.complete
 
 
+def test_a_second_collector_waits_for_the_first(tiny, text_source, tmp_path):
+    """Two writers on one store would delete each other's unfinished shards: the second waits, then resumes."""
+    import threading
+    import time
+
+    from workbench.sae.train import collect_activations
+    from workbench.store import exclusive
+
+    out = tmp_path / "acts"
+    result = {}
+
+    def collect():
+        result["store"] = collect_activations(tiny, [SITE], out, n_tokens=8 * 64, block_len=64, split="all",
+                                              source=text_source, shard_blocks=4, progress=False)
+
+    with exclusive(out / ".lock"):  # another process's collection, in effect
+        worker = threading.Thread(target=collect)
+        worker.start()
+        time.sleep(1.0)
+        assert worker.is_alive() and not (out / "manifest.json").exists()
+    worker.join(timeout=60)
+    assert result["store"].complete and result["store"].n_rows == 8
+
+
 def test_topk_sae_trains_and_reduces_error(trained, store):
     from workbench.sae.train import TrainConfig, _training_sae
 

@@ -10,6 +10,7 @@ Every shard's sha256 is in the manifest and checked when the shard is read.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -25,6 +26,27 @@ from workbench.errors import WorkbenchError
 MANIFEST = "manifest.json"
 FORMAT = "workbench.activations/1"
 TOKEN_KEYS = ("token_ids", "offsets", "row_index")  # present when positions == "all"
+
+
+@contextlib.contextmanager
+def exclusive(lock_file: str | Path, what: str = "it"):
+    """Hold an exclusive lock on ``lock_file`` (created if missing); another process waits for its turn.
+
+    Two writers on one store or cache folder would delete each other's unfinished files; with this,
+    the second waits and then resumes (usually finding the work done).
+    """
+    import fcntl
+    import logging
+
+    lock_file = Path(lock_file)
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_file, "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logging.getLogger(__name__).warning("another process is writing %s: waiting for it", what)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
 
 
 def write_json_atomic(path: Path, obj) -> None:

@@ -169,15 +169,14 @@ def _fingerprint(roots: list[Path]) -> str:
 
 def build_corpus(roots: Iterable[Path] | None = None, force: bool = False) -> Path:
     """Build (once) and return the cache folder holding ``train.jsonl``, ``heldout.jsonl``, ``manifest.json``."""
-    import fcntl
+    from workbench.store import exclusive
 
     roots = [Path(r).resolve() for r in roots] if roots is not None else site_packages_dirs()
     folder = cache_dir("corpus", _fingerprint(roots))
     manifest = folder / "manifest.json"
     if _complete(folder) and not force:
         return folder
-    with open(folder / ".lock", "w") as lock:  # one builder at a time; the others wait, then reuse its result
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with exclusive(folder / ".lock", f"the corpus {folder}"):  # one builder; the others wait, then reuse its result
         if _complete(folder) and not force:
             return folder
         _build(roots, folder, manifest)

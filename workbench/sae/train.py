@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from workbench.errors import WorkbenchError
-from workbench.store import ActivationStore, write_json_atomic
+from workbench.store import ActivationStore, exclusive, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +47,10 @@ def collect_activations(model, sites: list[str], out: str | Path, n_tokens: int,
     ``time_budget_s``): the shards written so far are usable, the same call resumes, and
     ``store.complete`` says whether it finished.
     """
-    import time
 
     import torch
-    from tqdm.auto import tqdm
 
-    from workbench.capture import check_sites, run_sites
+    from workbench.capture import check_sites
     from workbench.data.corpus import token_blocks
 
     sites = check_sites(model, sites)
@@ -74,6 +72,20 @@ def collect_activations(model, sites: list[str], out: str | Path, n_tokens: int,
         "corpus": {"split": split, "seed": seed, "source": str(source) if source else None,
                    "n_tokens": int(blocks.numel()), "skip_bos": True},
     }
+    with exclusive(Path(out) / ".lock", f"the activation store {out}"):  # one writer; the next one resumes
+        return _collect(model, sites, blocks, header, out, overwrite, store_dtype, batch_size, shard_blocks,
+                        time_budget_s, progress)
+
+
+def _collect(model, sites, blocks, header, out, overwrite, store_dtype, batch_size, shard_blocks, time_budget_s,
+             progress) -> ActivationStore:
+    import time
+
+    import torch
+    from tqdm.auto import tqdm
+
+    from workbench.capture import run_sites
+
     store = ActivationStore.create_or_resume(out, header, overwrite=overwrite)
     device = model.cfg.device
     L = blocks.shape[1]
