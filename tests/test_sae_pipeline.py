@@ -84,6 +84,23 @@ def test_a_second_collector_waits_for_the_first(tiny, text_source, tmp_path):
     assert result["store"].complete and result["store"].n_rows == 8
 
 
+def test_store_dtype_follows_the_activations_range(tiny, store, text_source, tmp_path):
+    """Massive activations (Gemma 3's reach ~6e4) would overflow float16 to inf: auto stores bfloat16, an
+    explicit float16 store stops at once with a one-line error."""
+    from workbench.sae.train import choose_store_dtype, collect_activations
+
+    assert store.manifest["dtype"] == "float16"  # the tiny model's activations are small
+    tokens = torch.randint(0, tiny.cfg.d_vocab, (2, 16))
+    hook = ("blocks.1.hook_resid_post", lambda act, hook: act * 1e5)
+    with tiny.hooks(fwd_hooks=[hook]):
+        assert choose_store_dtype(tiny, [SITE], tokens) == "bfloat16"
+        with pytest.raises(WorkbenchError, match="beyond float16's range.*bfloat16") as err:
+            collect_activations(tiny, [SITE], tmp_path / "acts", n_tokens=4 * 64, block_len=64, split="all",
+                                source=text_source, dtype="float16", progress=False)
+    assert "\n" not in str(err.value)
+    assert choose_store_dtype(tiny, [SITE], tokens) == "float16"
+
+
 def test_topk_sae_trains_and_reduces_error(trained, store):
     from workbench.sae.train import TrainConfig, _training_sae
 

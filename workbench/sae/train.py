@@ -37,7 +37,7 @@ META_FILE = "workbench.json"
 
 def collect_activations(model, sites: list[str], out: str | Path, n_tokens: int, block_len: int = 128,
                         split: str = "train", seed: int = 0, source: str | Path | None = None,
-                        batch_size: int = 8, dtype: str = "float16", shard_blocks: int = 64,
+                        batch_size: int = 8, dtype: str = "auto", shard_blocks: int = 64,
                         overwrite: bool = False, time_budget_s: float | None = None,
                         progress: bool = True) -> ActivationStore:
     """Corpus token blocks through ``model``; every non-BOS position of each site into a store (resumable).
@@ -45,7 +45,8 @@ def collect_activations(model, sites: list[str], out: str | Path, n_tokens: int,
     One row per block; the store's token table (``positions == "all"``) says which token each
     activation belongs to, so feature contexts can be read back. Stop it at any time (or give
     ``time_budget_s``): the shards written so far are usable, the same call resumes, and
-    ``store.complete`` says whether it finished.
+    ``store.complete`` says whether it finished. ``dtype="auto"`` picks float16 or bfloat16 from the
+    model's activations (:func:`choose_store_dtype`).
     """
 
     import torch
@@ -55,6 +56,8 @@ def collect_activations(model, sites: list[str], out: str | Path, n_tokens: int,
 
     sites = check_sites(model, sites)
     blocks = token_blocks(model.tokenizer, n_tokens, block_len, split=split, seed=seed, source=source)
+    if dtype == "auto":
+        dtype = choose_store_dtype(model, sites, blocks[:batch_size])
     store_dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}.get(dtype)
     if store_dtype is None:
         raise WorkbenchError(f"unknown store dtype {dtype!r}: use float32, float16 or bfloat16")
@@ -106,7 +109,7 @@ def _collect(model, sites, blocks, header, out, overwrite, store_dtype, batch_si
                 lengths = torch.full((len(tokens),), L, device=device)
                 got = run_sites(model, tokens, sites, "all", lengths, mask.expand(len(tokens), L))
                 for s in sites:
-                    parts[s].append(got[s].to("cpu", store_dtype))
+                    parts[s].append(_fits(got[s], store_dtype, s))
                 bar.update(len(tokens))
             tensors = {s: torch.cat(v) for s, v in parts.items()}
             if store.manifest["d"][sites[0]] is None:
@@ -120,6 +123,47 @@ def _collect(model, sites, blocks, header, out, overwrite, store_dtype, batch_si
         bar.close()
     store.mark_complete()
     return store
+
+
+FLOAT16_HEADROOM = 64.0
+
+
+def choose_store_dtype(model, sites: list[str], tokens) -> str:
+    """float16 (3 significant digits) unless the activations need bfloat16's range.
+
+    float16 tops out at 65504 and some models carry massive activations near it (Gemma 3's
+    middle residual stream reaches ~6e4 on a few tokens, 100x its bulk), which overflow to inf.
+    One batch decides: float16 while the 99.9th percentile of |x| at every site sits
+    ``FLOAT16_HEADROOM`` times below float16's maximum, else bfloat16.
+    """
+    import torch
+
+    from workbench.capture import run_sites
+
+    device = model.cfg.device
+    tokens = tokens.to(device)
+    L = tokens.shape[1]
+    mask = torch.ones(tokens.shape, dtype=torch.bool, device=device)
+    mask[:, 0] = False
+    got = run_sites(model, tokens, sites, "all", torch.full((len(tokens),), L, device=device), mask)
+    limit = torch.finfo(torch.float16).max / FLOAT16_HEADROOM
+    for s in sites:
+        bulk = torch.quantile(got[s].float().abs().flatten()[: 1 << 24], 0.999).item()
+        if not bulk < limit:
+            log.info("%s: 99.9%% of |activations| below %.3g, too near float16's range: storing bfloat16", s, bulk)
+            return "bfloat16"
+    return "float16"
+
+
+def _fits(x, store_dtype, site: str):
+    """``x`` on the CPU in the store's dtype; an overflow is an error now, not inf rows found at training time."""
+    import torch
+
+    y = x.to("cpu", store_dtype)
+    if store_dtype == torch.float16 and torch.isinf(y).any() and torch.isfinite(x).all():
+        raise WorkbenchError(f"{site} activations reach {x.abs().max().item():.3g}, beyond float16's range: "
+                             "collect with dtype='bfloat16' (or 'auto') into a fresh store")
+    return y
 
 
 def _check_finite(x, where: str):
