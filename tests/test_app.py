@@ -275,6 +275,27 @@ def test_features_page_lists_unrelated_interfering_pairs(app_env, sae_dir, tiny,
     assert len(pairs) > 0 and {"i", "j", "interference"} <= set(pairs.columns)
 
 
+def test_features_page_matches_features_across_saes(app_env, sae_dir, monkeypatch):
+    """Against a copy of itself every feature matches itself, so interference there equals interference here."""
+    import shutil
+
+    import numpy as np
+
+    for name in ("a", "b"):
+        shutil.copytree(sae_dir, app_env / "pair" / name)
+    monkeypatch.setenv("WORKBENCH_APP_SAES", str(app_env / "pair"))
+    at = open_page("features")
+    assert not at.error and at.selectbox(key="feat_other").value.endswith("b")
+    matched = int(at.metric[3].value.split()[0].replace(",", ""))
+    assert matched > 0
+    assert at.metric[4].value == str(at.session_state["feat_feature"])
+    table = at.dataframe[-1].value
+    assert len(table) > 0 and (table["feature"] == table["match there"]).all()
+    assert np.allclose(table["interference here"], table["interference there"], atol=1e-4)
+    at.slider(key="feat_min_sim").set_value(0.95).run()
+    assert not at.exception
+
+
 # ----------------------------------------------------------------------------- playground
 
 

@@ -148,3 +148,40 @@ with pairs_col:
     else:
         st.info(f"The unrelated-yet-interfering pairs need the semantic clusters: "
                 f"`workbench sae interference {path}`")
+
+st.subheader("Across models")
+others = [p for p in map(str, saes) if p != path]
+if not others:
+    st.caption("Interference shared with another model needs a second described SAE (another model's): "
+               "`workbench sae train --model MODEL`, then `workbench sae features`.")
+    st.stop()
+st.caption("Features are matched by what they mean (mutual nearest neighbours of their MiniLM description "
+           "embeddings); a matched pair that interferes here is *shared* when its counterpart interferes there.")
+c1, c2 = st.columns([3, 1])
+other = c1.selectbox("compare with", others, key="feat_other")
+min_sim = c2.slider("min description cosine", 0.3, 0.95, 0.6, 0.05, key="feat_min_sim")
+with user_errors():
+    from workbench.sae.shared import counterpart_interference, match_features, unit_rows
+
+    other_records = feature_records(other)
+    other_order, other_emb = description_embeddings(other, (Path(other) / FEATURES_FILE).stat().st_mtime_ns)
+    matches = match_features(emb, order, other_emb, other_order, min_similarity=min_sim)
+    Wb = unit_rows(get_sae(other).W_dec.detach().float().numpy())
+m = st.columns(3)
+m[0].metric("features matched", f"{len(matches):,} of {len(order):,}")
+if feature not in matches:
+    m[1].metric("this feature", "no match")
+    st.info(f"Feature {feature} has no mutual match at description cosine >= {min_sim}: lower the threshold.")
+    st.stop()
+fb, sim = matches[feature]
+m[1].metric("this feature's match", f"{fb}", f"description cos {sim:.2f}", delta_color="off")
+st.markdown(f"**its description there** {html.escape(other_records.get(fb, {}).get('description', '?')[:200])}")
+neighbours = [{"i": feature, "j": int(j), "interference": float(c)}
+              for j, c in zip(scan["top_index"][feature], scan["top_cos"][feature], strict=True)]
+rows = counterpart_interference(neighbours, matches, Wb)
+m[2].metric("interfering neighbours matched", f"{len(rows)} of {len(neighbours)}")
+st.dataframe(pd.DataFrame([{"feature": r["j"], "interference here": r["interference"], "match there": r["j_b"],
+                            "interference there": r["interference_b"], "description": describe(r["j"])}
+                           for r in rows], columns=["feature", "interference here", "match there",
+                                                    "interference there", "description"]),
+             hide_index=True, width="stretch")

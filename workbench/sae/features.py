@@ -62,7 +62,7 @@ def feature_stats(sae, store, site: str | None = None, n_top: int = 16, batch_si
                 top_v = v
                 active = f > 0
                 fires += active.sum(1)
-                bins = torch.bucketize(f.clamp(max=float(edges[-1]) - 1e-6), edges, right=True) - 1
+                bins = torch.bucketize(f.clamp(max=float(edges[-1]) - 1e-6).contiguous(), edges, right=True) - 1
                 bins = torch.where(active, bins.clamp(0, len(edges) - 2), torch.full_like(bins, -1))
                 for k in range(len(edges) - 1):  # few bins: a loop is cheaper than a scatter on (d_sae, batch)
                     hist[:, k] += (bins == k).sum(1)
