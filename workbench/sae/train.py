@@ -80,6 +80,19 @@ def collect_activations(model, sites: list[str], out: str | Path, n_tokens: int,
                         time_budget_s, progress)
 
 
+def block_activations(model, tokens, sites: list[str]) -> dict:
+    """Every site's activations at every position of full-length token blocks but the first (BOS)."""
+    import torch
+
+    from workbench.capture import run_sites
+
+    tokens = tokens.to(model.cfg.device)
+    mask = torch.ones_like(tokens, dtype=torch.bool)
+    mask[:, 0] = False
+    lengths = torch.full((len(tokens),), tokens.shape[1], device=tokens.device)
+    return run_sites(model, tokens, sites, "all", lengths, mask)
+
+
 def _collect(model, sites, blocks, header, out, overwrite, store_dtype, batch_size, shard_blocks, time_budget_s,
              progress) -> ActivationStore:
     import time
@@ -87,13 +100,8 @@ def _collect(model, sites, blocks, header, out, overwrite, store_dtype, batch_si
     import torch
     from tqdm.auto import tqdm
 
-    from workbench.capture import run_sites
-
     store = ActivationStore.create_or_resume(out, header, overwrite=overwrite)
-    device = model.cfg.device
     L = blocks.shape[1]
-    mask = torch.ones(1, L, dtype=torch.bool, device=device)
-    mask[:, 0] = False  # BOS
     bar = tqdm(total=len(blocks), initial=store.n_rows, desc=f"activations {header['model']}", unit="block",
                disable=not progress)
     started = time.monotonic()
@@ -105,9 +113,8 @@ def _collect(model, sites, blocks, header, out, overwrite, store_dtype, batch_si
             chunk = blocks[begin : begin + shard_blocks]
             parts: dict[str, list] = {s: [] for s in sites}
             for b in range(0, len(chunk), batch_size):
-                tokens = chunk[b : b + batch_size].to(device)
-                lengths = torch.full((len(tokens),), L, device=device)
-                got = run_sites(model, tokens, sites, "all", lengths, mask.expand(len(tokens), L))
+                tokens = chunk[b : b + batch_size]
+                got = block_activations(model, tokens, sites)
                 for s in sites:
                     parts[s].append(_fits(got[s], store_dtype, s))
                 bar.update(len(tokens))
@@ -138,14 +145,7 @@ def choose_store_dtype(model, sites: list[str], tokens) -> str:
     """
     import torch
 
-    from workbench.capture import run_sites
-
-    device = model.cfg.device
-    tokens = tokens.to(device)
-    L = tokens.shape[1]
-    mask = torch.ones(tokens.shape, dtype=torch.bool, device=device)
-    mask[:, 0] = False
-    got = run_sites(model, tokens, sites, "all", torch.full((len(tokens),), L, device=device), mask)
+    got = block_activations(model, tokens, sites)
     limit = torch.finfo(torch.float16).max / FLOAT16_HEADROOM
     for s in sites:
         bulk = torch.quantile(got[s].float().abs().flatten()[: 1 << 24], 0.999).item()
@@ -214,20 +214,15 @@ def model_batches(model, site: str, blocks, batch_size: int, seed: int = 0, buff
     """Endless batches of ``site`` activations computed on the fly from token ``blocks`` (no store on disk)."""
     import torch
 
-    from workbench.capture import check_sites, run_sites
+    from workbench.capture import check_sites
 
     check_sites(model, [site])
     gen = torch.Generator().manual_seed(seed)
-    L = blocks.shape[1]
 
     def chunks():
         while True:
             for i in torch.randperm(len(blocks), generator=gen).split(buffer_blocks):
-                tokens = blocks[i].to(model.cfg.device)
-                mask = torch.ones_like(tokens, dtype=torch.bool)
-                mask[:, 0] = False
-                lengths = torch.full((len(tokens),), L, device=tokens.device)
-                x = run_sites(model, tokens, [site], "all", lengths, mask)[site]
+                x = block_activations(model, blocks[i], [site])[site]
                 yield _check_finite(x.float().cpu(), f"the model's {site}")
 
     yield from _shuffled_batches(chunks(), batch_size, gen)
