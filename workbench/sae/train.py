@@ -210,24 +210,6 @@ def _shuffled_batches(chunks, batch_size: int, gen) -> Iterator:
         carry = x[full:]
 
 
-def model_batches(model, site: str, blocks, batch_size: int, seed: int = 0, buffer_blocks: int = 32) -> Iterator:
-    """Endless batches of ``site`` activations computed on the fly from token ``blocks`` (no store on disk)."""
-    import torch
-
-    from workbench.capture import check_sites
-
-    check_sites(model, [site])
-    gen = torch.Generator().manual_seed(seed)
-
-    def chunks():
-        while True:
-            for i in torch.randperm(len(blocks), generator=gen).split(buffer_blocks):
-                x = block_activations(model, blocks[i], [site])[site]
-                yield _check_finite(x.float().cpu(), f"the model's {site}")
-
-    yield from _shuffled_batches(chunks(), batch_size, gen)
-
-
 # ----------------------------------------------------------------------------- training
 
 
