@@ -147,29 +147,39 @@ def probe(
     layers: Annotated[str | None, typer.Option(help="comma-separated layers (default: all)")] = None,
     pairs: Annotated[int | None, typer.Option(help="clean/adversarial prompt pairs per condition")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="fewer prompts, layers and subsamples (~2 min)")] = False,
-    out: Annotated[Path | None, typer.Option(help="output folder (default: runs/probe-MODEL in the user cache)")] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="output folder (default: runs/probe-MODEL-KEY in the user cache, KEY a hash of the settings)")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace a run with other settings in --out")] = False,
     seed: int = 0,
     batch_size: int = 8,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "float32",
 ):
     """Clean vs adversarial activations, layer by layer: persistent homology, statistics, probes, report."""
-    from workbench.paths import cache_dir
-    from workbench.probe import CONDITIONS, ProbeConfig, run_probe, summary_table
+    from dataclasses import replace
 
-    conditions = CONDITIONS if condition == "both" else (condition,)
-    if any(c not in CONDITIONS for c in conditions):
+    from workbench.paths import cache_dir
+    from workbench.probe import CONDITIONS, ProbeConfig, check_run_folder, run_probe, summary_table
+
+    if condition not in (*CONDITIONS, "both"):
         raise WorkbenchError(f"unknown condition {condition!r}: use injection, backdoor or both")
-    hooked = _load(model, model_path, device, dtype)
+    conditions = CONDITIONS if condition == "both" else (condition,)
     chosen = _layers(layers)
+    overrides = {k: v for k, v in dict(conditions=conditions, layers=chosen, seed=seed, batch_size=batch_size,
+                                         n_pairs=pairs).items() if v is not None}
+    config = ProbeConfig.quick(**overrides) if quick else ProbeConfig(**overrides)  # validates before loading
+    config.check_protocol()
+    if out is not None:
+        check_run_folder(out, config, overwrite=True)  # a file is refused now; settings once the model is known
+    hooked = _load(model, model_path, device, dtype)
     if quick and chosen is None:
         n = hooked.cfg.n_layers
         chosen = sorted({round(i * (n - 1) / 5) for i in range(6)})
-    overrides = {k: v for k, v in dict(model=hooked.workbench["name"], conditions=conditions, layers=chosen,
-                                         seed=seed, batch_size=batch_size, n_pairs=pairs).items() if v is not None}
-    config = ProbeConfig.quick(**overrides) if quick else ProbeConfig(**overrides)
-    out = out or cache_dir("runs", f"probe-{hooked.workbench['name']}{'-quick' if quick else ''}")
-    report = run_probe(hooked, config, out)
+    config = replace(config, model=hooked.workbench["name"], layers=chosen)
+    if out is None:  # one folder per configuration, so a default run never meets another's results
+        key = config.key(hooked.workbench.get("weights_sha256"))
+        out = cache_dir("runs") / f"probe-{hooked.workbench['name']}{'-quick' if quick else ''}-{key}"
+    report = run_probe(hooked, config, out, overwrite=overwrite)
     typer.echo(f"{'cond':<10}{'layer':>5}{'AUC PH':>8}{'AUC probe':>10}{'g h0death':>10}{'g h1count':>10}"
                f"{'g h1life':>9}{'g h1ent':>8}{'moved':>6}{'sig':>4}")
     for r in summary_table(report):
@@ -444,14 +454,42 @@ def study_run(
         raise typer.Exit(1)
 
 
-def main() -> None:
-    """Console entry point: user errors print one line (``--debug`` for the traceback)."""
+def _os_error_line(exc: OSError) -> str:
+    """One line for a file-system error at the command boundary: what failed, on which path, what to do."""
+    import errno
+
+    path = exc.filename or "a path"
+    advice = {
+        errno.EISDIR: "it is a folder: give a file path",
+        errno.ENOTDIR: "a part of it is a file, not a folder: choose another path",
+        errno.EEXIST: "it already exists: choose another path",
+        errno.EACCES: "permission denied: choose a writable location",
+        errno.EPERM: "operation not permitted: choose a writable location",
+        errno.EROFS: "the file system is read-only: choose a writable location",
+        errno.ENOSPC: "the disk is full: free space and re-run (finished work is kept)",
+        errno.ENOENT: "it does not exist: check the path",
+        errno.ENAMETOOLONG: "the name is too long: choose a shorter path",
+    }.get(exc.errno, exc.strerror or type(exc).__name__)
+    return f"cannot use {path}: {advice}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: user errors print one line and exit 2 (``--debug`` for the traceback).
+
+    ``WorkbenchError`` is what library code raises for anything a user caused; a file-system error
+    that reaches this boundary is one too (an output path that is a file, a read-only folder).
+    """
     try:
-        app()
+        app(args=argv)
     except WorkbenchError as exc:
         if _state["debug"]:
             raise
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo(f"error: {' '.join(str(exc).split())}", err=True)
+        sys.exit(2)
+    except OSError as exc:
+        if _state["debug"]:
+            raise
+        typer.echo(f"error: {_os_error_line(exc)}", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
         typer.echo("interrupted: finished work is saved; re-run the same command to resume", err=True)

@@ -10,8 +10,11 @@ to ``out`` before the next starts, so an interrupted probe resumes where it stop
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import logging
+import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -28,6 +31,8 @@ COMPRESSION_SIGNATURE = {"h0_death_mean": +1, "h1_count": -1, "h1_persistence_me
 ADVERSARIAL_LABEL = {"injection": "injected", "backdoor": "triggered"}
 CONDITIONS = tuple(ADVERSARIAL_LABEL)
 LAYER_PROTOCOL = 2  # bump when analyze_layer's output changes: cached layers of another protocol are recomputed
+MIN_POINTS = 10  # fewest points per subsampled cloud the protocol accepts
+RUN_FILES = ("config.json", "report.json", "report.html", "stores", "layers")  # what a probe writes in its folder
 
 
 @dataclass
@@ -50,6 +55,39 @@ class ProbeConfig:
     chat: bool = True  # wrap prompts in the model's chat template when it has one
     seed: int = 0
     extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        """Refuse values the protocol cannot run, before anything is captured or written."""
+        bad = [c for c in self.conditions if c not in CONDITIONS]
+        if bad or not self.conditions:
+            raise WorkbenchError(f"unknown condition {(bad or [''])[0]!r}: use one of {', '.join(CONDITIONS)} or both")
+        for name in ("n_pairs", "k", "K", "n_parts", "n_boot", "n_perm", "batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                option = {"n_pairs": "--pairs", "batch_size": "--batch-size"}.get(name, name)
+                raise WorkbenchError(f"{option} must be a positive integer, got {value!r}")
+        if self.n_parts < 2:
+            raise WorkbenchError(f"n_parts must be at least 2 (train/test parts), got {self.n_parts}")
+        if self.maxdim not in (0, 1, 2):
+            raise WorkbenchError(f"maxdim must be 0, 1 or 2, got {self.maxdim!r}")
+        if self.seed < 0:
+            raise WorkbenchError(f"seed must be a non-negative integer, got {self.seed}")
+        if self.flow_samples < 0 or any(int(g) < 1 for g in self.flow_gaps):
+            raise WorkbenchError("flow_samples must be >= 0 and flow_gaps positive layer distances")
+
+    def check_protocol(self) -> None:
+        """Enough pairs for the subsample protocol (checked before a probe captures anything)."""
+        if self.n_pairs // self.n_parts < MIN_POINTS:
+            raise WorkbenchError(
+                f"--pairs {self.n_pairs} is too few: the subsample protocol needs at least {MIN_POINTS} points per "
+                f"part over {self.n_parts} parts, i.e. --pairs {MIN_POINTS * self.n_parts} or more"
+            )
+
+    def key(self, weights_sha256: str | None = None) -> str:
+        """A short hash of everything that changes this run's results (batch size does not: batching is exact)."""
+        fields = {k: v for k, v in asdict(self).items() if k != "batch_size"}
+        blob = json.dumps([fields, weights_sha256, LAYER_PROTOCOL], sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     @classmethod
     def quick(cls, **overrides) -> ProbeConfig:
@@ -109,7 +147,7 @@ def analyze_layer(clean: np.ndarray, adv: np.ndarray, config: ProbeConfig, seed:
 
     smaller = min(len(clean), len(adv))
     k = min(config.k, smaller // config.n_parts)
-    if k < 10:
+    if k < MIN_POINTS:
         raise WorkbenchError(
             f"too few rows for the subsample protocol: {smaller} in the smaller class gives {k} points per "
             f"subsample over {config.n_parts} parts; use more prompts (--pairs) or fewer parts"
@@ -144,12 +182,15 @@ def analyze_condition(store, condition: str, config: ProbeConfig, work: Path, pr
     for index, site in enumerate(tqdm(store.sites, desc=f"topology {condition}", unit="layer", disable=not progress)):
         layer = int(site.split(".")[1])
         cached = work / f"layer-{layer:03d}.json"
+        key = layer_key(store, site, adversarial, config, seed=config.seed + 1000 * index)
         if cached.exists():
-            layers[layer] = json.loads(cached.read_text())
-            if layers[layer].get("protocol") == LAYER_PROTOCOL:
-                continue
+            with contextlib.suppress(json.JSONDecodeError, UnicodeDecodeError):
+                layers[layer] = json.loads(cached.read_text())
+                if layers[layer].get("key") == key:
+                    continue
+            log.info("recomputing %s: its cache was made from other inputs", cached)
         clean, adv = class_clouds(store, site, adversarial)
-        layers[layer] = analyze_layer(clean, adv, config, seed=config.seed + 1000 * index)
+        layers[layer] = {**analyze_layer(clean, adv, config, seed=config.seed + 1000 * index), "key": key}
         write_json_atomic(cached, layers[layer])
     order = sorted(layers)
     names = layers[order[0]]["features"]
@@ -164,6 +205,15 @@ def analyze_condition(store, condition: str, config: ProbeConfig, work: Path, pr
     result = {"adversarial_label": adversarial, "sites": store.sites, "layers": {str(L): layers[L] for L in order}}
     result["summary"] = condition_summary(layers, order)
     return result
+
+
+def layer_key(store, site: str, adversarial: str, config: ProbeConfig, seed: int) -> str:
+    """Everything a cached layer result depends on: the store's rows and weights, the site and the protocol."""
+    m = store.manifest
+    analysis = {k: getattr(config, k) for k in ("k", "K", "n_parts", "maxdim", "n_boot", "n_perm")}
+    blob = [LAYER_PROTOCOL, analysis, seed, adversarial, site, m.get("model"), m.get("weights_sha256"),
+            m.get("prompts_sha256"), m.get("dtype"), m.get("max_tokens"), store.n_rows]
+    return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def moved_features(names: list[str], g: list[float], q: list[float], alpha: float = 0.05) -> list[str]:
@@ -236,21 +286,34 @@ def flow_by_class(store, condition: str, config: ProbeConfig) -> dict:
     return out
 
 
-def run_probe(model, config: ProbeConfig, out: str | Path, progress: bool = True) -> dict:
-    """Capture, analyze and report every condition; returns the report (also in ``out/report.json``)."""
+def run_probe(model, config: ProbeConfig, out: str | Path, progress: bool = True, overwrite: bool = False) -> dict:
+    """Capture, analyze and report every condition; returns the report (also in ``out/report.json``).
+
+    ``out`` holds one run: the same configuration resumes it, another one is refused unless
+    ``overwrite`` (which replaces the probe's own files there and nothing else). Everything is
+    checked before the first file is written, so a refused run leaves ``out`` as it was.
+    """
     from workbench.capture import capture, resid_sites
     from workbench.data.injection import write_jsonl
     from workbench.report import versions
 
     out = Path(out)
+    config.check_protocol()
+    sites = resid_sites(model, config.layers)
+    prompts = {condition: condition_prompts(model, condition, config) for condition in config.conditions}
+    check_run_folder(out, config, overwrite)
+    if overwrite:
+        for name in RUN_FILES:
+            target = out / name
+            shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
+        for old in out.glob("prompts-*.jsonl"):
+            old.unlink()
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "config.json", asdict(config))
-    sites = resid_sites(model, config.layers)
     report = {"config": asdict(config), "model": getattr(model, "workbench", {"name": model.cfg.model_name}),
               "versions": versions(), "conditions": {}}
-    for condition in config.conditions:
+    for condition, records in prompts.items():
         clock = [time.perf_counter()]
-        records = condition_prompts(model, condition, config)
         write_jsonl(records, out / f"prompts-{condition}.jsonl")
         store = capture(model, records, sites, out / "stores" / condition, positions="last",
                         batch_size=config.batch_size, progress=progress)
@@ -268,6 +331,27 @@ def run_probe(model, config: ProbeConfig, out: str | Path, progress: bool = True
 
     write_probe_html(report, out / "report.html")
     return report
+
+
+def check_run_folder(out: Path, config: ProbeConfig, overwrite: bool = False) -> None:
+    """``out`` can take this run: a new or empty folder, or one holding this same configuration."""
+    if out.exists() and not out.is_dir():
+        raise WorkbenchError(f"--out {out} is a file: give a folder path")
+    saved = out / "config.json"
+    if overwrite or not saved.exists():
+        return
+    try:
+        old = json.loads(saved.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise WorkbenchError(f"{saved} is unreadable: pass --overwrite to replace that run, or choose another --out") from None
+    new = json.loads(json.dumps(asdict(config), default=str))
+    differ = [k for k in new if k != "batch_size" and old.get(k) != new[k]]
+    if differ:
+        k = differ[0]
+        raise WorkbenchError(
+            f"{out} holds a probe run with other settings ({k}: {old.get(k)!r} there, {new[k]!r} now): "
+            "pass --overwrite to replace it, or choose another --out"
+        )
 
 
 def summary_table(report: dict) -> list[dict]:

@@ -20,7 +20,8 @@ def probe(params: dict, work: Path) -> list[dict]:
     if "flow_gaps" in params:
         params["flow_gaps"] = tuple(params["flow_gaps"])
     config = ProbeConfig(model=name, conditions=(condition,), layers=layers, **params)
-    report = run_probe(model, config, Path(work) / f"probe-{name}-{condition}-seed{config.seed}")
+    key = config.key(model.workbench.get("weights_sha256"))  # one folder per configuration: never another's layers
+    report = run_probe(model, config, Path(work) / f"probe-{name}-{condition}-seed{config.seed}-{key}")
     return report_rows(report)
 
 
