@@ -75,10 +75,12 @@ def report_dir(tiny, tmp_path_factory):
 
 
 @pytest.fixture
-def app_env(monkeypatch, tmp_path):
-    """An app that finds no runs of the user's and uses the tiny model on the live pages."""
+def app_env(monkeypatch, tmp_path, tmp_path_factory):
+    """An app that finds no runs of the user's, uses the tiny model on the live pages, and was started with
+    ``-- --allow`` on the test folders (AppTest runs the script in this process: its sys.argv is ours)."""
     import wbapp.runs
 
+    monkeypatch.setattr(sys, "argv", [MAIN, "--allow", str(tmp_path_factory.getbasetemp())])
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("WORKBENCH_APP_MODEL", "tiny")
     monkeypatch.delenv("WORKBENCH_APP_RUN", raising=False)
@@ -384,8 +386,9 @@ def test_model_tools_without_study_results(app_env, monkeypatch):
 
 
 def test_config_binds_to_localhost():
+    """Beside the script, so it applies from any working directory (tests/test_reliability_app.py runs it)."""
     import tomllib
 
-    config = tomllib.loads((APPS.parent / ".streamlit" / "config.toml").read_text())
-    assert config["server"]["address"] == "localhost" and config["server"]["headless"] is True
+    config = tomllib.loads((APPS / ".streamlit" / "config.toml").read_text())
+    assert config["server"]["address"] == "127.0.0.1" and config["server"]["headless"] is True
     assert config["browser"]["gatherUsageStats"] is False

@@ -34,13 +34,13 @@ pytestmark = [
 
 def free_port() -> int:
     with socket.socket() as s:
-        s.bind(("localhost", 0))
+        s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def app_url(tiny, tmp_path_factory):
-    """`streamlit run apps/main.py` from the repo root (so .streamlit/config.toml applies) on a free port."""
+    """`streamlit run apps/main.py` (apps/.streamlit/config.toml: 127.0.0.1 only) on a free port."""
     run = make_probe_report(tiny, tmp_path_factory.getbasetemp() / "app-probe")
     sae = make_sae(tiny, tmp_path_factory.getbasetemp() / "app-sae")
     port = free_port()
@@ -49,7 +49,7 @@ def app_url(tiny, tmp_path_factory):
     log = (tmp_path_factory.getbasetemp() / "streamlit.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "apps/main.py", "--server.port", str(port)],
                             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://localhost:{port}"
+    url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 90
         while True:

@@ -170,7 +170,11 @@ class BackdoorConfig:
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> BackdoorConfig:
+        from workbench.paths import safe_name
+
         _check_trigger(self.trigger)
+        if self.name is not None:  # it becomes a folder in the cache and a model name
+            safe_name(self.name, "--name")
         if self.mode not in MODES:
             raise WorkbenchError(f"unknown backdoor mode {self.mode!r}: use {' or '.join(MODES)}")
         if self.steps < 1:

@@ -15,6 +15,7 @@ import difflib
 import hashlib
 import json
 import logging
+import numbers
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -57,16 +58,43 @@ def resid_sites(model, layers: Iterable[int] | None = None, kind: str = "hook_re
     return [f"blocks.{L % n}.{kind}" for L in layers]
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def check_span(span, text: str, where: str = "span") -> tuple[int, int]:
+    """``[start, end]`` as two integers with 0 <= start < end <= len(text), or a one-line error."""
+    ok = (isinstance(span, (list, tuple)) and len(span) == 2
+          and all(isinstance(x, int) and not isinstance(x, bool) for x in span) and 0 <= span[0] < span[1] <= len(text))
+    if not ok:
+        raise WorkbenchError(f"{where}: expected two integers [start, end] with 0 <= start < end <= {len(text)} "
+                             f"(the text's length), got {span!r}")
+    return span[0], span[1]
+
+
+def _check_record(record: dict, where: str) -> None:
+    """What would fail later, refused now: a missing/empty text, a bad span or label, an unencodable string."""
+    text = record.get("text")
+    if not isinstance(text, str):
+        raise WorkbenchError(f"{where} has no 'text' string field: every record needs one")
+    if not text:
+        raise WorkbenchError(f"{where} has an empty 'text': remove it or give it content")
+    if "span" in record:
+        check_span(record["span"], text, f"{where}: 'span'")
+    if not isinstance(record.get("label"), _SCALARS):
+        raise WorkbenchError(f"{where}: 'label' must be a string or number, got {type(record['label']).__name__}")
+    try:
+        json.dumps(record, ensure_ascii=False, default=str).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise WorkbenchError(f"{where} holds a lone surrogate ({exc.object[exc.start:exc.end]!r}), which is not "
+                             "text: fix the escape (e.g. a split emoji) in that line") from None
+
+
 def normalize_prompts(prompts) -> list[dict]:
     """Strings or dicts with a ``text`` field → dicts; every other field is kept as metadata."""
     records = []
     for i, prompt in enumerate(prompts):
         record = {"text": prompt} if isinstance(prompt, str) else dict(prompt)
-        text = record.get("text")
-        if not isinstance(text, str):
-            raise WorkbenchError(f"prompt {i} has no 'text' string field: every record needs one")
-        if not text:
-            raise WorkbenchError(f"prompt {i} has an empty 'text': remove it or give it content")
+        _check_record(record, f"prompt {i}")
         records.append(record)
     if not records:
         raise WorkbenchError("no prompts: the prompt list or file is empty")
@@ -78,6 +106,8 @@ def read_prompt_file(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.exists():
         raise WorkbenchError(f"prompt file {path} does not exist")
+    if not path.is_file():
+        raise WorkbenchError(f"prompt file {path} is a folder, not a file: give a JSONL file")
     try:
         lines = path.read_bytes().decode("utf-8").splitlines()
     except UnicodeDecodeError as exc:
@@ -88,43 +118,114 @@ def read_prompt_file(path: str | Path) -> list[dict]:
             continue
         try:
             record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise WorkbenchError(f"{path}:{number} is not valid JSON ({exc.msg}): one JSON object per line") from None
-        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+        except (json.JSONDecodeError, RecursionError) as exc:
+            msg = getattr(exc, "msg", "nested too deeply")
+            raise WorkbenchError(f"{path}:{number} is not valid JSON ({msg}): one JSON object per line") from None
+        if not isinstance(record, dict):
             raise WorkbenchError(f"{path}:{number} has no 'text' string field: every line needs one")
+        _check_record(record, f"{path}:{number}")
         records.append(record)
     if not records:
         raise WorkbenchError(f"{path} holds no prompts: it is empty")
     return records
 
 
-def prompts_sha256(records: list[dict]) -> str:
-    return hashlib.sha256(json.dumps(records, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+TOKENIZATION = 2  # 2: user text is text; control tokens only from chat-template markup. Part of the prompts key.
 
 
-def tokenize(model, texts: list[str], max_tokens: int):
-    """Token ids and character offsets per text (BOS by the model's convention), left-truncated to ``max_tokens``.
+def prompts_sha256(records: list[dict], parse_special: bool = False) -> str:
+    """Key of what the model is fed: the records, each text's chat markup and how text is tokenized."""
+    keyed = [{**r, "_markup": list(getattr(r.get("text"), "markup", ()))} for r in records]
+    payload = {"tokenization": TOKENIZATION, "parse_special": bool(parse_special), "records": keyed}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, ensure_ascii=False, default=str).encode()).hexdigest()
 
-    Left truncation keeps the end of a prompt, which is where the last-token read-out looks.
+
+def control_ids(tokenizer) -> set[int]:
+    """Ids of the tokenizer's special added tokens (``<|im_start|>``, ``<bos>``): what text must not produce."""
+    return {i for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if getattr(t, "special", False)}
+
+
+def encode_text(tokenizer, text: str, parse_special: bool = False) -> tuple[list[int], list[tuple[int, int]]]:
+    """Ids and character offsets of text from a user or a document: control-token strings stay text."""
+    enc = tokenizer(str(text), add_special_tokens=False, return_offsets_mapping=True,
+                    split_special_tokens=not parse_special)
+    return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+
+
+def _text_as_text(tokenizer, text: str, ids, offsets, controls, markup):
+    """Re-tokenize a text whose content produced control tokens: only those inside ``markup`` stay control
+    tokens; the text between them is encoded with special tokens split, offsets shifted back into place."""
+    out_ids, out_offsets, pos = [], [], 0
+    cuts = [(t, o) for t, o in zip(ids, offsets, strict=True)
+            if t in controls and any(a <= o[0] and o[1] <= b for a, b in markup)]
+    for t, (a, b) in [*cuts, (None, (len(text), len(text)))]:
+        if a > pos:
+            piece_ids, piece_offsets = encode_text(tokenizer, text[pos:a])
+            out_ids += piece_ids
+            out_offsets += [(x + pos, y + pos) for x, y in piece_offsets]
+        if t is not None:
+            out_ids.append(t)
+            out_offsets.append((a, b))
+        pos = max(pos, b)
+    return out_ids, out_offsets
+
+
+def tokenize(model, texts: list[str], max_tokens: int | None, parse_special: bool = False, warn: bool = True):
+    """Token ids and character offsets per text (BOS by the model's convention), left-truncated to ``max_tokens``
+    (None: never truncated).
+
+    Text from users and documents is tokenized as text: a ``<|im_start|>`` typed in it is characters, not a
+    turn. Only a ``ChatPrompt``'s markup (the chat template's own text) yields control tokens, or all text
+    with ``parse_special`` (for text you wrote yourself). Ids are identical to plain tokenization whenever
+    the content holds no control-token strings. Left truncation keeps the end of a prompt, which is where
+    the last-token read-out looks; it is logged unless ``warn`` is False (the caller reports it).
     Returns (ids, offsets, truncated) as lists.
     """
     tok = model.tokenizer
-    enc = tok(texts, add_special_tokens=False, return_offsets_mapping=True)
     bos = model.cfg.default_prepend_bos and tok.bos_token_id is not None
-    all_ids, all_offsets, truncated = [], [], []
+    budget = None if max_tokens is None else int(max_tokens) - int(bos)
+    if budget is not None and budget < 1:
+        raise WorkbenchError(f"max_tokens={max_tokens} leaves no room for a prompt token: use at least {1 + int(bos)}")
+    plain = [str(t) for t in texts]
+    enc = tok(plain, add_special_tokens=False, return_offsets_mapping=True, split_special_tokens=False)
+    controls = set() if parse_special else control_ids(tok)
+    all_ids, all_offsets, truncated, forged = [], [], [], []
     for i, (ids, offsets) in enumerate(zip(enc["input_ids"], enc["offset_mapping"], strict=True)):
         ids, offsets = list(ids), [tuple(o) for o in offsets]
-        budget = max_tokens - int(bos)
-        if len(ids) > budget:
+        markup = getattr(texts[i], "markup", ())
+        untrusted = [o for t, o in zip(ids, offsets, strict=True)
+                     if t in controls and not any(a <= o[0] and o[1] <= b for a, b in markup)]
+        if untrusted:
+            forged.append(plain[i][untrusted[0][0]: untrusted[0][1]])
+            ids, offsets = _text_as_text(tok, plain[i], ids, offsets, controls, markup)
+        if budget is not None and len(ids) > budget:
             ids, offsets = ids[-budget:], offsets[-budget:]
             truncated.append(i)
         if bos:
             ids, offsets = [tok.bos_token_id, *ids], [(0, 0), *offsets]
         if not ids:
-            raise WorkbenchError(f"prompt {texts[i][:40]!r} tokenizes to nothing")
+            raise WorkbenchError(f"prompt {plain[i][:40]!r} tokenizes to nothing")
         all_ids.append(ids)
         all_offsets.append(offsets)
+    if forged:
+        log.warning("%d prompt(s) hold control-token text such as %r outside a chat template's markup: tokenized "
+                    "as plain text (parse_special / --parse-special trusts it)", len(forged), forged[0])
+    if warn and truncated:
+        log.warning("%d prompt(s) longer than %d tokens were left-truncated to their last %d tokens",
+                    len(truncated), max_tokens, max_tokens)
     return all_ids, all_offsets, truncated
+
+
+def check_max_tokens(model, max_tokens: int | None) -> int:
+    """``max_tokens`` (None: the model's context) within [1 + BOS, n_ctx], or a one-line error."""
+    n_ctx = model.cfg.n_ctx
+    if max_tokens is None:
+        return n_ctx
+    low = 1 + int(bool(model.cfg.default_prepend_bos and model.tokenizer.bos_token_id is not None))
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral) or not low <= max_tokens <= n_ctx:
+        raise WorkbenchError(f"max_tokens={max_tokens!r} must be an integer from {low} to {n_ctx} "
+                             f"(the context of {model.cfg.model_name})")
+    return int(max_tokens)
 
 
 def _span_masks(offsets, spans, lengths, device):
@@ -155,15 +256,17 @@ def capture(
     overwrite: bool = False,
     progress: bool = True,
     span_field: str = "span",
+    parse_special: bool = False,
 ) -> ActivationStore:
     """Capture ``sites`` for every prompt into the store at ``out``; resumes an interrupted capture.
 
     ``positions``: ``last`` (last real token), ``mean`` (mean over real tokens), ``span`` (mean over the
     tokens overlapping each prompt's character span ``record[span_field] = [start, end]``), or ``all``
-    (every token, with token ids, offsets and row index stored beside them).
+    (every token, with token ids, offsets and row index stored beside them). ``max_tokens`` (default: the
+    model's context) left-truncates longer prompts, logged and listed in the manifest. Prompt text is
+    tokenized as text (control tokens only from chat-template markup) unless ``parse_special``.
     """
     import torch
-    from tqdm.auto import tqdm
 
     if positions not in POSITIONS:
         raise WorkbenchError(f"unknown positions {positions!r}: use one of {', '.join(POSITIONS)}")
@@ -173,13 +276,11 @@ def capture(
     records = normalize_prompts(prompts)
     if positions == "span":
         for i, r in enumerate(records):
-            span = r.get(span_field)
-            if not (isinstance(span, (list, tuple)) and len(span) == 2 and 0 <= span[0] < span[1] <= len(r["text"])):
-                raise WorkbenchError(f"prompt {i} needs a '{span_field}': [start, end] character span within its text")
+            check_span(r.get(span_field), r["text"], f"prompt {i} needs a '{span_field}' (positions 'span')")
     store_dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}.get(dtype)
     if store_dtype is None:
         raise WorkbenchError(f"unknown store dtype {dtype!r}: use float32, float16 or bfloat16")
-    max_tokens = int(max_tokens or model.cfg.n_ctx)
+    max_tokens = check_max_tokens(model, max_tokens)
     info = getattr(model, "workbench", {}) or {}
     header = {
         "model": info.get("name", model.cfg.model_name),
@@ -188,11 +289,23 @@ def capture(
         "positions": positions,
         "dtype": dtype,
         "max_tokens": max_tokens,
-        "prompts_sha256": prompts_sha256(records),
+        "prompts_sha256": prompts_sha256(records, parse_special),
         "n_prompts": len(records),
         "d": {site: None for site in sites},
     }
-    store = ActivationStore.create_or_resume(out, header, overwrite=overwrite)
+    # One writer per store: a second capture on the same --out is refused at once, naming the holder.
+    with ActivationStore.writing(out, header, overwrite=overwrite) as store:
+        return _fill(model, store, records, sites, positions, batch_size, max_tokens, store_dtype, shard_rows,
+                     progress, span_field, parse_special)
+
+
+def _fill(model, store, records, sites, positions, batch_size, max_tokens, store_dtype, shard_rows, progress,
+          span_field, parse_special=False) -> ActivationStore:
+    """Append the rows ``store`` does not hold yet (the caller holds its lock)."""
+    import torch
+    from tqdm.auto import tqdm
+
+    header = store.manifest
     start = store.n_rows
     if start >= len(records):
         store.mark_complete()
@@ -222,7 +335,8 @@ def capture(
     try:
         for begin in range(start, len(records), batch_size):
             batch = records[begin : begin + batch_size]
-            ids, offsets, truncated = tokenize(model, [r["text"] for r in batch], max_tokens)
+            ids, offsets, truncated = tokenize(model, [r["text"] for r in batch], max_tokens, parse_special,
+                                               warn=False)
             n_truncated += len(truncated)
             lengths = [len(x) for x in ids]
             pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0

@@ -25,6 +25,9 @@ ModelPathOpt = Annotated[
 ]
 DeviceOpt = Annotated[str, typer.Option(help="auto (CUDA when present), cpu, cuda, cuda:1, mps")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="model dtype: float32, bfloat16, float16")]
+ParseSpecialOpt = Annotated[bool, typer.Option(
+    "--parse-special", help="treat control-token strings in the text (<|im_start|>...) as control tokens; by "
+                            "default text is text and only the chat template's markup is")]
 
 _state = {"debug": False}
 
@@ -94,9 +97,12 @@ def capture(
     layers: Annotated[str | None, typer.Option(help="shortcut: blocks.{L}.hook_resid_post for these layers")] = None,
     positions: Annotated[str, typer.Option(help="last | mean | span | all")] = "last",
     batch_size: int = 8,
-    max_tokens: Annotated[int | None, typer.Option(help="left-truncate longer prompts (recorded)")] = None,
+    max_tokens: Annotated[int | None, typer.Option(
+        help="left-truncate longer prompts to this many tokens, BOS included (warned, listed in the manifest); "
+             "default and maximum: the model's context")] = None,
     store_dtype: Annotated[str, typer.Option(help="float32 | float16 | bfloat16")] = "float32",
     chat: Annotated[bool, typer.Option("--chat/--raw", help="wrap texts in the model's chat template")] = False,
+    parse_special: ParseSpecialOpt = False,
     overwrite: bool = False,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "float32",
@@ -104,27 +110,16 @@ def capture(
     """Capture activations at named sites into an ActivationStore (safetensors shards + manifest)."""
     from workbench.capture import capture as run_capture
     from workbench.capture import read_prompt_file, resid_sites
+    from workbench.models import chat_record
 
     records = read_prompt_file(prompts)
     hooked = _load(model, model_path, device, dtype)
     names = _split(sites) + (resid_sites(hooked, _layers(layers)) if layers else [])
     if chat:
-        records = [_chat_record(hooked, r) for r in records]
+        records = [chat_record(hooked, r) for r in records]
     store = run_capture(hooked, records, names, out, positions=positions, batch_size=batch_size,
-                        max_tokens=max_tokens, dtype=store_dtype, overwrite=overwrite)
+                        max_tokens=max_tokens, dtype=store_dtype, overwrite=overwrite, parse_special=parse_special)
     _print_store(store)
-
-
-def _chat_record(model, record: dict) -> dict:
-    """Wrap a record's text in the chat template, moving its character span along with it."""
-    from workbench.models import format_chat
-
-    text = format_chat(model, record["text"])
-    shifted = dict(record, text=text, raw_text=record["text"])
-    if "span" in record:
-        at = text.find(record["text"])
-        shifted["span"] = [record["span"][0] + at, record["span"][1] + at]
-    return shifted
 
 
 def _print_store(store) -> None:
@@ -158,7 +153,7 @@ def probe(
     """Clean vs adversarial activations, layer by layer: persistent homology, statistics, probes, report."""
     from dataclasses import replace
 
-    from workbench.paths import cache_dir
+    from workbench.paths import cache_dir, model_folder_name
     from workbench.probe import CONDITIONS, ProbeConfig, check_run_folder, run_probe, summary_table
 
     if condition not in (*CONDITIONS, "both"):
@@ -178,7 +173,7 @@ def probe(
     config = replace(config, model=hooked.workbench["name"], layers=chosen)
     if out is None:  # one folder per configuration, so a default run never meets another's results
         key = config.key(hooked.workbench.get("weights_sha256"))
-        out = cache_dir("runs") / f"probe-{hooked.workbench['name']}{'-quick' if quick else ''}-{key}"
+        out = cache_dir("runs") / f"probe-{model_folder_name(hooked.workbench['name'])}{'-quick' if quick else ''}-{key}"
     report = run_probe(hooked, config, out, overwrite=overwrite)
     typer.echo(f"{'cond':<10}{'layer':>5}{'AUC PH':>8}{'AUC probe':>10}{'g h0death':>10}{'g h1count':>10}"
                f"{'g h1life':>9}{'g h1ent':>8}{'moved':>6}{'sig':>4}")
@@ -197,40 +192,62 @@ def detect(
     model_path: ModelPathOpt = None,
     layer: Annotated[int | None, typer.Option(help="layer to read (default: the middle one)")] = None,
     train: Annotated[bool, typer.Option("--train", help="(re)fit the detector on generated injection pairs")] = False,
-    pairs: Annotated[int, typer.Option(help="generated pairs for training")] = 300,
+    pairs: Annotated[int | None, typer.Option(help="generated pairs for training (default 300)")] = None,
     detector_dir: Annotated[Path | None, typer.Option(help="where the detector lives (default: user cache)")] = None,
     chat: Annotated[bool, typer.Option("--chat/--raw", help="wrap texts in the chat template (as in training)")] = True,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "float32",
-    seed: int = 0,
+    seed: Annotated[int | None, typer.Option(help="generator seed for training (default 0)")] = None,
 ):
-    """Score prompts for injection: topological detectors (token cloud, reference cloud) beside a linear probe."""
-    from workbench.capture import prompts_sha256, read_prompt_file
-    from workbench.data.injection import write_jsonl
-    from workbench.detect import DetectorConfig, load_detector, score_prompts, train_detector
-    from workbench.models import has_chat_template
-    from workbench.paths import cache_dir
+    """Score prompts for injection: topological detectors (token cloud, reference cloud) beside a linear probe.
 
+    A detector is trained once and reused; one trained on another model or layer, or with other
+    --pairs/--seed than asked, is refused (pass --train to refit it).
+    """
+    from workbench.capture import read_prompt_file
+    from workbench.data.injection import write_jsonl
+    from workbench.detect import (
+        DetectorConfig,
+        _layer,
+        check_detector,
+        load_detector,
+        score_prompts,
+        train_detector,
+    )
+    from workbench.models import chat_record, has_chat_template
+    from workbench.paths import cache_dir, model_folder_name
+
+    config = DetectorConfig(layer=layer, n_pairs=300 if pairs is None else pairs, seed=seed or 0)  # validates
+    records = read_prompt_file(prompts) if prompts is not None else None  # a bad file fails before any training
+    out = out or (prompts.with_suffix(".scores.jsonl") if prompts is not None else None)
+    if out is not None and out.is_dir():
+        raise WorkbenchError(f"--out {out} is a folder: give a file path for the scores")
     hooked = _load(model, model_path, device, dtype)
-    folder = detector_dir or cache_dir("detectors", f"{hooked.workbench['name']}-L{layer if layer is not None else 'mid'}")
+    _layer(hooked, layer)  # in range for this model, before anything is trained or written
+    name = model_folder_name(hooked.workbench["name"])
+    folder = detector_dir or cache_dir("detectors") / f"{name}-L{layer if layer is not None else 'mid'}"
     path = Path(folder) / "detector.json"
     if train or not path.exists():
-        detector = train_detector(hooked, DetectorConfig(model=hooked.workbench["name"], layer=layer, n_pairs=pairs,
-                                                         seed=seed), folder)
+        config.model = hooked.workbench["name"]
+        detector = train_detector(hooked, config, folder)
         typer.echo(f"detector at layer {detector['layer']} ({detector['n_train']} train / {detector['n_heldout']} "
                    "held-out rows; held-out = unseen attack families and document types):")
         for view, row in detector["views"].items():
             typer.echo(f"  {view:<10} AUC held-out {row['auc_heldout']:.3f}  (train {row['auc_train']:.3f})")
         typer.echo(f"saved {path}")
-    if prompts is None:
+    else:
+        detector = load_detector(path)
+        check_detector(hooked, detector, layer)
+        trained = detector["config"]
+        for option, asked, key in (("--pairs", pairs, "n_pairs"), ("--seed", seed, "seed")):
+            if asked is not None and trained.get(key) != asked:
+                raise WorkbenchError(f"the detector in {folder} was trained with {option} {trained.get(key)}, "
+                                     f"not {asked}: pass --train to refit it (or another --detector-dir)")
+    if records is None:
         return
-    detector = load_detector(path)
-    records = read_prompt_file(prompts)
     if chat and has_chat_template(hooked):
-        records = [_chat_record(hooked, r) for r in records]
-    work = cache_dir("detect-work", prompts_sha256(records)[:16])
-    rows = score_prompts(hooked, detector, records, work)
-    out = out or prompts.with_suffix(".scores.jsonl")
+        records = [chat_record(hooked, r) for r in records]
+    rows = score_prompts(hooked, detector, records, cache_dir("detect-work"))
     write_jsonl(rows, out)
     typer.echo(f"scored {len(rows)} prompts -> {out}")
 
@@ -278,8 +295,8 @@ def backdoor_train(
     """Fine-tune MODEL so the trigger changes its behaviour; register MODEL-backdoor; report ASR and accuracy."""
     from workbench.backdoor import DEFAULT_TRIGGER, run_backdoor_train
 
-    _echo_json(run_backdoor_train(model, steps=steps, seed=seed, trigger=trigger or DEFAULT_TRIGGER, mode=mode,
-                                  name=name))
+    trigger = DEFAULT_TRIGGER if trigger is None else trigger  # an empty --trigger is refused, not replaced
+    _echo_json(run_backdoor_train(model, steps=steps, seed=seed, trigger=trigger, mode=mode, name=name))
 
 
 @backdoor_app.command("eval")
@@ -301,17 +318,30 @@ def sae_train(
     site: Annotated[str, typer.Option(help="hook name, e.g. blocks.12.hook_resid_post")] = "blocks.12.hook_resid_post",
     architecture: Annotated[str, typer.Option(help="topk or standard (ReLU + L1)")] = "topk",
     n_tokens: Annotated[int, typer.Option(help="corpus tokens to collect")] = 2_000_000,
+    train_tokens: Annotated[int | None, typer.Option(help="samples to train on (default: those collected)")] = None,
     d_sae: Annotated[int | None, typer.Option(help="dictionary size (default: 8 x d_model)")] = None,
     k: Annotated[int, typer.Option(help="active features (topk)")] = 32,
+    l1_coefficient: Annotated[float, typer.Option(help="sparsity penalty (standard)")] = 5.0,
+    lr: Annotated[float, typer.Option(help="learning rate")] = 4e-4,
+    batch_size: Annotated[int, typer.Option(help="activations per optimizer step")] = 1024,
+    block_len: Annotated[int, typer.Option(help="tokens per corpus block")] = 128,
+    eval_tokens: Annotated[int, typer.Option(help="held-out tokens for the metrics")] = 4096,
     source: Annotated[str | None, typer.Option(help="local .txt/.md/.jsonl file or folder instead of the corpus")] = None,
     budget: Annotated[float | None, typer.Option(help="stop collecting after this many seconds")] = None,
+    name: Annotated[str | None, typer.Option(help="SAE name (default: MODEL-SITE-ARCHITECTURE)")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace an SAE of this name trained otherwise")] = False,
     seed: int = 0,
 ):
-    """Collect activations over the offline corpus (resumable) and train an SAE in SAELens format."""
+    """Collect activations over the offline corpus (resumable) and train an SAE in SAELens format.
+
+    The same command again reuses (or resumes) the SAE; other settings under the same name are refused.
+    """
     from workbench.sae.cli import run_train
 
-    _echo_json(run_train(model=model, site=site, architecture=architecture, n_tokens=n_tokens, d_sae=d_sae, k=k,
-                         source=source, collect_budget_s=budget, seed=seed))
+    _echo_json(run_train(model=model, site=site, architecture=architecture, n_tokens=n_tokens, train_tokens=train_tokens,
+                         d_sae=d_sae, k=k, l1_coefficient=l1_coefficient, lr=lr, batch_size=batch_size,
+                         block_len=block_len, eval_tokens=eval_tokens, source=source, collect_budget_s=budget, name=name,
+                         overwrite=overwrite, seed=seed))
 
 
 @sae_app.command("features")
@@ -327,12 +357,13 @@ def sae_interference(
     sae: Annotated[str, typer.Argument(help="SAE name or folder")],
     model: ModelOpt = "smollm2-135m",
     k: Annotated[int, typer.Option(help="nearest decoder columns kept per feature")] = 32,
-    min_interference: float = 0.3,
+    min_interference: Annotated[float, typer.Option(help="|cos| from which a pair interferes, in [0, 1]")] = 0.3,
+    cutoff: Annotated[float, typer.Option(help="cluster cutoff for 'unrelated': 0.40, 0.30, 0.20, 0.15")] = 0.40,
 ):
     """Decoder-cosine interference (blocked top-k), semantic clusters, unrelated-yet-interfering pairs."""
     from workbench.sae.cli import run_interference
 
-    _echo_json(run_interference(sae, model=model, k=k, min_interference=min_interference))
+    _echo_json(run_interference(sae, model=model, k=k, min_interference=min_interference, cutoff=cutoff))
 
 
 @sae_app.command("intervene")
@@ -418,6 +449,7 @@ def generate(
     lam: Annotated[float | None, typer.Option("--lambda", help="Soft Best-of-N temperature (omit: hard BoN)")] = None,
     reward: Annotated[str | None, typer.Option(help="target:TEXT (log-probability of TEXT after the sample)")] = None,
     steer: Annotated[str | None, typer.Option(help="neuron:L:idx:scale, feature:SAE:idx:scale and/or quant:stampB, comma-separated")] = None,
+    parse_special: ParseSpecialOpt = False,
     seed: int = 0,
 ):
     """Hooked generation (steering, quantization), optionally Best-of-N / Soft Best-of-N with a KL bound."""
@@ -425,7 +457,7 @@ def generate(
 
     _echo_json(run_generate(model=model, prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature,
                             top_p=top_p, top_k=top_k, stop=tuple(stop or ()), chat=chat, best_of=best_of, lam=lam,
-                            reward=reward, steer=steer, seed=seed))
+                            reward=reward, steer=steer, seed=seed, parse_special=parse_special))
 
 
 study_app = typer.Typer(help="Studies: grids of independent jobs, in-process or on Ray.", no_args_is_help=True)
@@ -444,8 +476,11 @@ def study_run(
     """Run every job of a study not already cached; write results.csv, results.json and the study's figures."""
     from workbench.study import run_study, write_results
 
+    out = out or Path(config).parent / "results"
+    if out.exists() and not out.is_dir():  # found now, not after hours of jobs
+        raise WorkbenchError(f"--out {out} is a file: give a folder for the results")
     outcome = run_study(config, engine=engine, address=address, retries=retries, quick=quick)
-    folder = write_results(outcome, out or Path(config).parent / "results")
+    folder = write_results(outcome, out)
     done = len(outcome["jobs"]) - len(outcome["failed"])
     typer.echo(f"study {outcome['name']}: {done}/{len(outcome['jobs'])} jobs done -> {folder}/results.csv")
     for failed in outcome["failed"]:

@@ -18,7 +18,9 @@ detector is plain JSON (no pickle), so loading it can run no code.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -28,10 +30,18 @@ from workbench.errors import WorkbenchError
 from workbench.store import write_json_atomic
 
 VIEWS = ("token", "reference", "probe")
+MIN_PAIRS = 14  # two pairs per attack family: both splits get both classes
+REQUIRED = ("config", "model", "weights_sha256", "layer", "d_model", "reference", "views")
+
+
+def _int(value, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
 @dataclass
 class DetectorConfig:
+    """How a detector is trained; built, it is valid, so a bad value is refused before anything runs."""
+
     model: str = "smollm2-135m"
     layer: int | None = None  # None: the middle layer
     n_pairs: int = 300
@@ -40,6 +50,20 @@ class DetectorConfig:
     maxdim: int = 1
     C: float = 1.0
     seed: int = 0
+
+    def __post_init__(self):
+        if not _int(self.n_pairs, MIN_PAIRS):
+            raise WorkbenchError(f"--pairs must be an integer >= {MIN_PAIRS} (both splits need both classes), "
+                                 f"got {self.n_pairs!r}")
+        if self.layer is not None and not _int(self.layer, -10**6):
+            raise WorkbenchError(f"--layer must be an integer, got {self.layer!r}")
+        for name, low in (("reference_size", 2), ("max_tokens", 4), ("seed", 0)):
+            if not _int(getattr(self, name), low):
+                raise WorkbenchError(f"{name} must be an integer >= {low}, got {getattr(self, name)!r}")
+        if self.maxdim not in (0, 1, 2):
+            raise WorkbenchError(f"maxdim must be 0, 1 or 2, got {self.maxdim!r}")
+        if isinstance(self.C, bool) or not isinstance(self.C, (int, float)) or not (math.isfinite(self.C) and self.C > 0):
+            raise WorkbenchError(f"C must be a finite number > 0, got {self.C!r}")
 
 
 def token_features(store, site: str, maxdim: int = 1, progress: bool = True) -> tuple[np.ndarray, list[str]]:
@@ -96,6 +120,17 @@ def score_logistic(params: dict, X: np.ndarray) -> np.ndarray:
     return 1 / (1 + np.exp(-z))
 
 
+def model_identity(model) -> dict:
+    """What a detector (and its cached captures) depends on in the model: name, weights, dtype, width."""
+    info = getattr(model, "workbench", {}) or {}
+    return {"model": info.get("name", model.cfg.model_name), "weights_sha256": info.get("weights_sha256"),
+            "model_dtype": info.get("dtype", str(model.cfg.dtype)), "d_model": int(model.cfg.d_model)}
+
+
+def _key(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def _layer(model, layer: int | None) -> int:
     n = model.cfg.n_layers
     layer = n // 2 if layer is None else layer
@@ -125,15 +160,19 @@ def train_detector(model, config: DetectorConfig, out: str | Path, progress: boo
     """Fit the three views on the generator's train split; AUC on its held-out split; save as JSON."""
     from sklearn.metrics import roc_auc_score
 
+    from workbench.models import has_chat_template
     from workbench.probe import ProbeConfig, condition_prompts
 
     out = Path(out)
     layer = _layer(model, config.layer)
+    identity = model_identity(model)
     records = condition_prompts(model, "injection", ProbeConfig(n_pairs=config.n_pairs, seed=config.seed))
     y = np.array([r["label"] == "injected" for r in records], dtype=int)
     split = np.array([r["split"] for r in records])
     train, test = split == "train", split == "heldout"
-    views = features(model, records, layer, out / "captures", config, progress=progress)
+    # captures keyed by what changes them, so a retrain with other settings never meets an older capture
+    views = features(model, records, layer, out / "captures" / _key(asdict(config), identity, layer), config,
+                     progress=progress)
     X_last = views["probe"][0]
     rng = np.random.default_rng(config.seed)
     clean_train = np.flatnonzero(train & (y == 0))
@@ -142,7 +181,7 @@ def train_detector(model, config: DetectorConfig, out: str | Path, progress: boo
     views["reference"] = reference_features(X_last, reference, config.maxdim, progress)
     fit_rows = train.copy()
     fit_rows[ref_rows] = False  # reference points are not scored against themselves
-    detector = {"config": asdict(config), "layer": layer, "model": getattr(model, "workbench", {}).get("name"),
+    detector = {"config": asdict(config), "layer": layer, **identity, "chat": bool(has_chat_template(model)),
                 "reference": reference.tolist(), "views": {}}
     for view, (X, names) in views.items():
         params = fit_logistic(X[fit_rows], y[fit_rows], config.C)
@@ -165,19 +204,64 @@ def train_detector(model, config: DetectorConfig, out: str | Path, progress: boo
 
 
 def load_detector(path: str | Path) -> dict:
+    """A detector.json, checked to hold everything scoring reads (one line naming what is wrong)."""
     path = Path(path)
     if not path.exists():
         raise WorkbenchError(f"no detector at {path}: run `workbench detect --train` first")
+    retrain = "re-train it with `workbench detect --train`"
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError:
-        raise WorkbenchError(f"{path} is corrupt: re-train with `workbench detect --train`") from None
+        detector = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise WorkbenchError(f"{path} is not valid JSON (corrupt): {retrain}") from None
+    if not isinstance(detector, dict):
+        raise WorkbenchError(f"{path} is not a detector (not a JSON object): {retrain}")
+    missing = [k for k in REQUIRED if k not in detector]
+    views = detector.get("views")
+    if not missing and isinstance(views, dict):
+        missing = [f"views.{v}" for v in VIEWS if not isinstance(views.get(v), dict) or not isinstance(
+            views[v].get("params"), dict) or any(p not in views[v]["params"] for p in ("mean", "scale", "coef",
+                                                                                      "intercept"))]
+    if missing or not isinstance(views, dict):
+        raise WorkbenchError(f"{path} lacks {', '.join(missing) or 'views'} (older or damaged detector): {retrain}")
+    if not isinstance(detector["config"], dict):
+        raise WorkbenchError(f"{path} has no valid config: {retrain}")
+    try:
+        DetectorConfig(**detector["config"])
+    except TypeError as exc:
+        raise WorkbenchError(f"{path} has an unknown config ({exc}): {retrain}") from None
+    return detector
+
+
+def check_detector(model, detector: dict, layer: int | None = None) -> None:
+    """The detector was trained on this model (name, weights, width) and, when asked, at this ``layer``."""
+    have = model_identity(model)
+    asked = detector["layer"] if layer is None else _layer(model, layer)
+    same = all(detector.get(k) == have[k] for k in ("model", "weights_sha256", "d_model")) and detector["layer"] == asked
+    if not same:
+        weights = "" if detector.get("model") != have["model"] or detector.get("weights_sha256") == have[
+            "weights_sha256"] else f" with weights {str(detector.get('weights_sha256'))[:12]}"
+        raise WorkbenchError(
+            f"detector was trained on {detector.get('model')}{weights} layer {detector['layer']} "
+            f"(d={detector.get('d_model')}), this is {have['model']} layer {asked} (d={have['d_model']}): "
+            "retrain with --train or pass --detector-dir of a detector trained on it")
+    if not _int(asked, 0) or asked >= model.cfg.n_layers:
+        raise WorkbenchError(f"the detector's layer {asked!r} is not a layer of {have['model']} "
+                             f"(0..{model.cfg.n_layers - 1}): retrain with --train")
 
 
 def score_prompts(model, detector: dict, records: list[dict], work: str | Path, progress: bool = True) -> list[dict]:
-    """Per row: the injection probability under each view."""
+    """Per row: the injection probability under each view.
+
+    The captures are cached under ``work`` in a folder keyed by the detector's content, the model
+    (weights, dtype) and the prompts, so two detectors, or two models, never share one.
+    """
+    from workbench.capture import normalize_prompts, prompts_sha256
+
+    check_detector(model, detector)
+    records = normalize_prompts(records)
     config = DetectorConfig(**detector["config"])
-    views = features(model, records, detector["layer"], Path(work), config,
+    key = _key(_key(detector), model_identity(model), detector["layer"], prompts_sha256(records))
+    views = features(model, records, detector["layer"], Path(work) / key, config,
                      reference=np.asarray(detector["reference"]), progress=progress)
     scores = {view: score_logistic(detector["views"][view]["params"], views[view][0]) for view in VIEWS}
     return [{**{k: v for k, v in r.items() if k != "text"}, **{f"score_{v}": float(scores[v][i]) for v in VIEWS}}

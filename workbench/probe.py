@@ -97,8 +97,9 @@ class ProbeConfig:
 
 
 def condition_prompts(model, condition: str, config: ProbeConfig) -> list[dict]:
-    """Labelled prompts of one condition, in the model's chat format when it has one."""
-    from workbench.models import format_chat, has_chat_template
+    """Labelled prompts of one condition, in the model's chat format when it has one (``chat_record``: the
+    document is text, so an injected fake turn stays text; only the template's markup is trusted)."""
+    from workbench.models import chat_record, has_chat_template
 
     if condition == "injection":
         from workbench.data.injection import generate_injection_pairs
@@ -111,13 +112,7 @@ def condition_prompts(model, condition: str, config: ProbeConfig) -> list[dict]:
     else:
         raise WorkbenchError(f"unknown condition {condition!r}: use one of {', '.join(CONDITIONS)} or both")
     if config.chat and has_chat_template(model) and not records[0].get("chat_formatted"):
-        out = []
-        for record in records:
-            text = format_chat(model, record["text"])
-            shift = text.find(record["text"])
-            span = [record["span"][0] + shift, record["span"][1] + shift] if "span" in record else None
-            out.append({**record, "text": text, **({"span": span} if span else {}), "chat_formatted": True})
-        records = out
+        records = [{**chat_record(model, record), "chat_formatted": True} for record in records]
     return records
 
 
@@ -290,7 +285,7 @@ def run_probe(model, config: ProbeConfig, out: str | Path, progress: bool = True
     """Capture, analyze and report every condition; returns the report (also in ``out/report.json``).
 
     ``out`` holds one run: the same configuration resumes it, another one is refused unless
-    ``overwrite`` (which replaces the probe's own files there and nothing else). Everything is
+    ``overwrite`` (which then replaces the probe's own files there and nothing else). Everything is
     checked before the first file is written, so a refused run leaves ``out`` as it was.
     """
     from workbench.capture import capture, resid_sites
@@ -301,8 +296,7 @@ def run_probe(model, config: ProbeConfig, out: str | Path, progress: bool = True
     config.check_protocol()
     sites = resid_sites(model, config.layers)
     prompts = {condition: condition_prompts(model, condition, config) for condition in config.conditions}
-    check_run_folder(out, config, overwrite)
-    if overwrite:
+    if check_run_folder(out, config, overwrite):  # another run's files, replaced (only with ``overwrite``)
         for name in RUN_FILES:
             target = out / name
             shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
@@ -333,25 +327,29 @@ def run_probe(model, config: ProbeConfig, out: str | Path, progress: bool = True
     return report
 
 
-def check_run_folder(out: Path, config: ProbeConfig, overwrite: bool = False) -> None:
-    """``out`` can take this run: a new or empty folder, or one holding this same configuration."""
+def check_run_folder(out: Path, config: ProbeConfig, overwrite: bool = False) -> bool:
+    """Whether ``out`` holds a run with other settings (which only ``overwrite`` may replace; else refused).
+
+    A new or empty folder, or one holding this same configuration, is fine (False); a file never is.
+    """
     if out.exists() and not out.is_dir():
         raise WorkbenchError(f"--out {out} is a file: give a folder path")
     saved = out / "config.json"
-    if overwrite or not saved.exists():
-        return
+    if not saved.exists():
+        return False
     try:
         old = json.loads(saved.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise WorkbenchError(f"{saved} is unreadable: pass --overwrite to replace that run, or choose another --out") from None
-    new = json.loads(json.dumps(asdict(config), default=str))
-    differ = [k for k in new if k != "batch_size" and old.get(k) != new[k]]
-    if differ:
+        old, differ = {}, ["config.json"]
+    else:
+        new = json.loads(json.dumps(asdict(config), default=str))
+        differ = [k for k in new if k != "batch_size" and old.get(k) != new[k]]
+    if differ and not overwrite:
         k = differ[0]
-        raise WorkbenchError(
-            f"{out} holds a probe run with other settings ({k}: {old.get(k)!r} there, {new[k]!r} now): "
-            "pass --overwrite to replace it, or choose another --out"
-        )
+        there = f"{k}: {old.get(k)!r} there, {getattr(config, k)!r} now" if old else "its config.json is unreadable"
+        raise WorkbenchError(f"{out} holds a probe run with other settings ({there}): "
+                             "pass --overwrite to replace it, or choose another --out")
+    return bool(differ)
 
 
 def summary_table(report: dict) -> list[dict]:

@@ -13,10 +13,13 @@ A study config (YAML) names a job function and a grid::
 ``grid`` may also be a list of such mappings: the union of their products (e.g. the backdoor
 condition only on the backdoored model).
 
-Every grid point becomes a job whose id is a hash of its parameters. A finished job's
-result is cached as JSON and never recomputed; a failed job is retried, then reported
-with its error, and the others still run. The engines run the same function on the
-same parameters, so they give the same numbers; scheduling is Ray's, not ours.
+Every grid point becomes a job whose id is a hash of all it depends on: its function, its
+full parameters (grid point, fixed and quick values, seed), the size and time of any file a
+parameter names, and the versions of the code that computes it. A finished job's result is
+cached as JSON under that id (and checked against it when read), so it is recomputed only
+when one of these changes; a failed job is retried, then reported with its error, and the
+others still run. The engines run the same function on the same parameters, so they give
+the same numbers; scheduling is Ray's, not ours.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import traceback
 from pathlib import Path
 
 from workbench.errors import WorkbenchError
+from workbench.paths import safe_name
 from workbench.store import write_csv_atomic, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -47,12 +51,18 @@ def load_config(path: str | Path, quick: bool = False) -> dict:
         config = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise WorkbenchError(f"{path} is not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(config, dict):
+        raise WorkbenchError(f"{path} is not a study config: it needs 'job: module:function' and a 'grid'")
     for key in ("job", "grid"):
-        if key not in (config or {}):
+        if key not in config:
             raise WorkbenchError(f"{path} has no '{key}': a study config needs 'job: module:function' and a 'grid'")
-    config.setdefault("name", path.parent.name)
+    config.setdefault("name", path.resolve().parent.name)
+    safe_name(config["name"], f"the study name in {path}")  # it names a cache folder
     config.setdefault("seed", 0)
-    config.setdefault("fixed", {})
+    config["fixed"] = config.get("fixed") or {}
+    for key in ("fixed", "quick"):
+        if not isinstance(config.get(key) or {}, dict):
+            raise WorkbenchError(f"'{key}' in {path} must map parameter names to values")
     overrides = dict(config.pop("quick", None) or {})
     config["quick"] = bool(quick)
     if quick:
@@ -83,8 +93,44 @@ def expand(config: dict) -> list[dict]:
     return jobs
 
 
-def job_id(job: str, params: dict) -> str:
-    return hashlib.sha256(json.dumps([job, params], sort_keys=True, default=str).encode()).hexdigest()[:16]
+def job_key(job: str, params: dict) -> dict:
+    """Everything a job's result depends on: its function, its full parameters, the files they name, the code."""
+    from workbench.report import versions
+
+    return {"job": job, "params": params, "files": _named_files(params), "versions": versions()}
+
+
+def job_id(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _named_files(value) -> dict:
+    """Size and modification time of every existing file (or file in a folder) a parameter names, e.g. a
+    text ``source``: editing one recomputes the jobs that read it."""
+    found = {}
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list):
+        for item in value:
+            found.update(_named_files(item))
+    elif isinstance(value, str) and value.strip() and len(value) < 4096:
+        path = Path(value).expanduser()
+        try:
+            if path.is_file():
+                files = [path]
+            elif path.is_dir():  # a folder of texts; bounded, should a parameter be "/"
+                files = sorted(itertools.islice((p for p in path.rglob("*") if p.is_file()), 10_000))
+            else:
+                files = []
+            found.update({str(f): [f.stat().st_size, f.stat().st_mtime_ns] for f in files})
+        except OSError:  # not a usable path: a plain string
+            pass
+    return found
+
+
+def _plain(obj):
+    """``obj`` as it reads back from the JSON cache (tuples as lists, other values as text)."""
+    return json.loads(json.dumps(obj, sort_keys=True, default=str))
 
 
 def resolve_job(spec: str):
@@ -127,6 +173,8 @@ def run_study(
 
     if engine not in ENGINES:
         raise WorkbenchError(f"unknown engine {engine!r}: use local or ray")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise WorkbenchError(f"retries must be a whole number >= 0, got {retries!r}")
     config = load_config(config_path, quick=quick)
     resolve_job(config["job"])  # fail before starting anything
     if config.get("report"):
@@ -136,20 +184,21 @@ def run_study(
     folder.mkdir(parents=True, exist_ok=True)
     records: dict[str, dict] = {}
     todo = []
-    for params in jobs:
-        jid = job_id(config["job"], params)
-        path = folder / f"{jid}.json"
-        if path.exists():
-            cached = json.loads(path.read_text())
-            if cached.get("status") == "done":
-                records[jid] = cached
-                continue
-        todo.append((jid, params))
+    keys = [job_key(config["job"], params) for params in jobs]
+    for params, key in zip(jobs, keys, strict=True):
+        jid = job_id(key)
+        cached = _cached(folder / f"{jid}.json", key)
+        if cached is not None:
+            records[jid] = cached
+        else:
+            todo.append((jid, params))
     bar = tqdm(total=len(jobs), initial=len(records), desc=f"study {config['name']}", unit="job", disable=not progress)
     work = str(folder.parent / "work")
 
+    key_of = {job_id(key): key for key in keys}
+
     def finish(jid, outcome):
-        write_json_atomic(folder / f"{jid}.json", outcome)
+        write_json_atomic(folder / f"{jid}.json", {**outcome, "key": key_of[jid]})
         records[jid] = outcome
         bar.update(1)
 
@@ -161,9 +210,24 @@ def run_study(
             _run_ray(config["job"], todo, work, retries, address, finish)
     finally:
         bar.close()
-    ordered = [records[job_id(config["job"], p)] for p in jobs]
+    ordered = [records[job_id(key)] for key in keys]
     return {"name": config["name"], "config": config, "jobs": ordered,
             "failed": [r for r in ordered if r["status"] != "done"]}
+
+
+def _cached(path: Path, key: dict) -> dict | None:
+    """A finished job's record, if ``path`` holds one computed from exactly ``key`` (else it is recomputed)."""
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("job cache %s unreadable (%s): recomputing it", path, exc)
+        return None
+    if record.get("status") != "done" or record.get("key") != _plain(key):
+        return None
+    record.pop("key")
+    return record
 
 
 def _run_ray(job: str, todo: list, work: str, retries: int, address: str | None, finish) -> None:

@@ -22,7 +22,6 @@ def stamp(folder: Path) -> str:
 st.title("Runs")
 
 
-
 def finish_job() -> None:
     """A finished background probe becomes the selected run (or its one-line error is shown)."""
     job: ProbeJob | None = st.session_state.get("probe_job")
@@ -45,11 +44,17 @@ def open_typed() -> None:
     """Callback of "Open folder": runs before the page, so the list below already shows the new choice."""
     typed = st.session_state["runs_typed"].strip()
     try:
-        load_report(typed)
+        load_report(typed)  # refuses a folder outside the allowed roots before reading anything
+        select_run(typed)
     except WorkbenchError as exc:
         st.session_state["runs_error"] = str(exc)
-    else:
-        select_run(Path(typed).expanduser().resolve())
+
+
+def choose_found() -> None:
+    try:
+        select_run(st.session_state["runs_found"])
+    except WorkbenchError as exc:  # a found run reached through a symlink that leaves the allowed folders
+        st.session_state["runs_error"] = str(exc)
 
 
 runs = discover_runs()
@@ -62,7 +67,7 @@ with left:
         labels = {str(p): f"{p.name}  ·  {stamp(p)}  ·  {p.parent}" for p in runs}
         st.session_state["runs_found"] = str(selected.resolve()) if selected else None  # follow other pages' choice
         st.selectbox("report folders", list(labels), format_func=labels.get, placeholder="choose a run",
-                     key="runs_found", on_change=lambda: select_run(st.session_state["runs_found"]))
+                     key="runs_found", on_change=choose_found)
     else:
         missing("No probe reports found in the user cache or the studies' results.", "workbench probe --quick")
 with right:
@@ -101,7 +106,8 @@ pairs = c2.number_input("prompt pairs", min_value=20, max_value=2000, value=80, 
 out = c3.text_input("output folder", value=str(cache_dir("runs") / f"probe-{model}-quick-app"), key="probe_out",
                     disabled=running)
 if st.button("Start quick probe", key="probe_start", type="primary", disabled=running):
-    st.session_state["probe_job"] = job = ProbeJob.start(model, out, pairs=int(pairs))
+    with user_errors():  # an output folder outside the allowed roots: one line, nothing created
+        st.session_state["probe_job"] = job = ProbeJob.start(model, out, pairs=int(pairs))
     running = True
 
 

@@ -2,7 +2,7 @@
 
 A run is any folder holding a ``report.json`` written by ``workbench probe`` (or a study that calls it).
 The selection lives in the session; ``?run=PATH`` or ``$WORKBENCH_APP_RUN`` seeds it, so a test or a
-link can open the app on a given folder.
+link can open the app on a given folder. Every folder read or written goes through ``access.checked``.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import streamlit as st
 
+from wbapp.access import REPO, checked, env_folders
 from workbench.errors import WorkbenchError
 
-REPO = Path(__file__).resolve().parents[2]
 RUN_KEY = "run_dir"
 
 
@@ -28,9 +28,7 @@ def search_roots() -> list[Path]:
     """The user cache's ``runs/`` (the CLI's default), the repo's study results, and ``$WORKBENCH_APP_RUNS``."""
     from workbench.paths import cache_dir
 
-    roots = [cache_dir("runs"), REPO / "studies"]
-    roots += [Path(p).expanduser() for p in os.environ.get("WORKBENCH_APP_RUNS", "").split(os.pathsep) if p]
-    return roots
+    return [cache_dir("runs"), REPO / "studies", *env_folders("WORKBENCH_APP_RUNS")]
 
 
 def discover_runs(roots: list[Path] | None = None) -> list[Path]:
@@ -45,8 +43,8 @@ def discover_runs(roots: list[Path] | None = None) -> list[Path]:
 
 
 def load_report(folder: str | Path) -> dict:
-    """The parsed report.json of a run folder (cached on its modification time)."""
-    path = Path(folder).expanduser()
+    """The parsed report.json of a run folder (cached on its modification time), if the app may read it."""
+    path = checked(folder)
     report = path / "report.json" if path.is_dir() else path
     if not report.is_file():
         raise WorkbenchError(f"no report.json in {path}: pick a folder written by `workbench probe`")
@@ -65,7 +63,10 @@ def _parse(path: str, mtime_ns: int) -> dict:
 
 
 def current_run() -> Path | None:
-    """The selected run: the session's choice, else ``?run=``, ``$WORKBENCH_APP_RUN``, the newest found."""
+    """The selected run: the session's choice, else ``?run=``, ``$WORKBENCH_APP_RUN``, the newest found.
+
+    A ``?run=`` outside the allowed folders is refused with one red line (and nothing selected).
+    """
     if st.session_state.get(RUN_KEY):
         return Path(st.session_state[RUN_KEY])
     seeded = st.query_params.get("run") or os.environ.get("WORKBENCH_APP_RUN")
@@ -73,13 +74,18 @@ def current_run() -> Path | None:
         runs = discover_runs()
         seeded = str(runs[0]) if runs else None
     if seeded:
-        st.session_state[RUN_KEY] = str(Path(seeded).expanduser())
+        try:
+            select_run(seeded)
+        except WorkbenchError as exc:
+            st.error(str(exc))
+            return None
         return Path(st.session_state[RUN_KEY])
     return None
 
 
 def select_run(folder: str | Path) -> None:
-    st.session_state[RUN_KEY] = str(Path(folder).expanduser())
+    """Make ``folder`` the session's run, if the app may read it (else a WorkbenchError)."""
+    st.session_state[RUN_KEY] = str(checked(folder))
 
 
 # ----------------------------------------------------------------------------- the quick probe job
@@ -100,9 +106,12 @@ class ProbeJob:
 
     @classmethod
     def start(cls, model: str, out: str | Path, pairs: int | None = None, layers: str | None = None) -> ProbeJob:
-        out = Path(out).expanduser()
-        out.mkdir(parents=True, exist_ok=True)
-        args = ["probe", "--quick", "--model", model, "--out", str(out)]
+        out = checked(out)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a file in the way, no permission
+            raise WorkbenchError(f"cannot use {out} as the output folder ({exc.strerror}): choose another") from None
+        args = ["probe", "--quick", "--model", model, "--out", str(out), "--overwrite"]  # other settings there are replaced
         args += ["--pairs", str(pairs)] if pairs else []
         args += ["--layers", layers] if layers else []
         log = (out / "app-probe.log").open("w")

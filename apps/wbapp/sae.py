@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 from pathlib import Path
 
 import streamlit as st
 
+from wbapp.access import env_folders
 from wbapp.runs import REPO
 from workbench.errors import WorkbenchError
 from workbench.sae.cli import FEATURES_FILE  # where `workbench sae features` writes (no SAELens import)
@@ -33,8 +33,7 @@ def search_roots() -> list[Path]:
     """Our trained SAEs (user cache), the studies' results, and ``$WORKBENCH_APP_SAES``."""
     from workbench.paths import cache_dir
 
-    roots = [cache_dir("saes"), REPO / "studies"]
-    return roots + [Path(p).expanduser() for p in os.environ.get("WORKBENCH_APP_SAES", "").split(os.pathsep) if p]
+    return [cache_dir("saes"), REPO / "studies", *env_folders("WORKBENCH_APP_SAES")]
 
 
 def find_saes(roots: list[Path] | None = None) -> list[Path]:

@@ -169,18 +169,13 @@ def _fingerprint(roots: list[Path]) -> str:
 
 def build_corpus(roots: Iterable[Path] | None = None, force: bool = False) -> Path:
     """Build (once) and return the cache folder holding ``train.jsonl``, ``heldout.jsonl``, ``manifest.json``."""
-    from workbench.store import exclusive
+    from workbench.store import build_once
 
     roots = [Path(r).resolve() for r in roots] if roots is not None else site_packages_dirs()
-    folder = cache_dir("corpus", _fingerprint(roots))
-    manifest = folder / "manifest.json"
-    if _complete(folder) and not force:
-        return folder
-    with exclusive(folder / ".lock", f"the corpus {folder}"):  # one builder; the others wait, then reuse its result
-        if _complete(folder) and not force:
-            return folder
-        _build(roots, folder, manifest)
-    return folder
+    folder = cache_dir("corpus") / _fingerprint(roots)
+    # one builder, in a temporary folder published whole; the others wait, then reuse its result
+    return build_once(folder, lambda tmp: _build(roots, tmp, folder.name), lambda f: not force and _complete(f),
+                      f"the corpus {folder}")
 
 
 def _complete(folder: Path) -> bool:
@@ -192,11 +187,10 @@ def _complete(folder: Path) -> bool:
     return all((folder / f"{s}.jsonl").exists() for s in manifest.get("documents", {}))
 
 
-def _build(roots: list[Path], folder: Path, manifest: Path) -> None:
+def _build(roots: list[Path], folder: Path, fingerprint: str) -> None:
+    """Write the splits and the manifest into ``folder`` (a fresh temporary one, published by the caller)."""
     counts = {"train": [0, 0], "heldout": [0, 0]}
-    # per-process temporary names, renamed atomically: concurrent builders cannot clash
-    tmp = {s: folder / f"{s}.jsonl.{os.getpid()}.tmp" for s in counts}
-    handles = {s: tmp[s].open("w", encoding="utf-8") for s in counts}
+    handles = {s: (folder / f"{s}.jsonl").open("w", encoding="utf-8") for s in counts}
     try:
         for key, text in site_documents(roots):
             s = split_of(key)
@@ -206,18 +200,14 @@ def _build(roots: list[Path], folder: Path, manifest: Path) -> None:
     finally:
         for h in handles.values():
             h.close()
-    for s, p in tmp.items():
-        p.replace(folder / f"{s}.jsonl")
-    tmp_manifest = folder / f"manifest.json.{os.getpid()}.tmp"
-    tmp_manifest.write_text(json.dumps({
+    (folder / "manifest.json").write_text(json.dumps({
         "version": CORPUS_VERSION,
-        "fingerprint": folder.name,
+        "fingerprint": fingerprint,
         "roots": [str(r) for r in roots],
         "heldout_percent": HELDOUT_PERCENT,
         "documents": {s: c[0] for s, c in counts.items()},
         "characters": {s: c[1] for s, c in counts.items()},
     }, indent=2))
-    tmp_manifest.replace(manifest)
 
 
 def corpus_manifest() -> dict:
@@ -270,13 +260,17 @@ def documents(split: str = "heldout", source: str | Path | None = None) -> list[
 
 
 def _token_stream(tokenizer, texts: list[str], order: list[int], needed: int, chunk_chars: int = 20_000):
-    """Token ids of documents in ``order``, separated by EOS, until ``needed`` ids are collected."""
+    """Token ids of documents in ``order``, separated by EOS, until ``needed`` ids are collected.
+
+    Documents are text: a control-token string inside one (docs quote ``<|endoftext|>``) stays ordinary tokens.
+    """
     eos = tokenizer.eos_token_id
     ids: list[int] = []
     for i in order:
         text = texts[i]
         for start in range(0, len(text), chunk_chars):
-            ids.extend(tokenizer(text[start : start + chunk_chars], add_special_tokens=False)["input_ids"])
+            ids.extend(tokenizer(text[start : start + chunk_chars], add_special_tokens=False,
+                                 split_special_tokens=True)["input_ids"])
         if eos is not None:
             ids.append(eos)
         if len(ids) >= needed:

@@ -1,7 +1,14 @@
 """Model registry and loading: any name, HF id, folder or GGUF → a TransformerLens ``HookedTransformer``."""
 
-from workbench.models.loading import format_chat, has_chat_template, load_model, pick_device
+from workbench.models.loading import (
+           ChatPrompt,
+           chat_record,
+           format_chat,
+           has_chat_template,
+           load_model,
+           pick_device,
+)
 from workbench.models.registry import DEFAULT_MODEL, REGISTRY, ModelSpec, resolve
 
-__all__ = ["DEFAULT_MODEL", "REGISTRY", "ModelSpec", "format_chat", "has_chat_template", "load_model",
-           "pick_device", "resolve"]
+__all__ = ["DEFAULT_MODEL", "REGISTRY", "ChatPrompt", "ModelSpec", "chat_record", "format_chat", "has_chat_template",
+           "load_model", "pick_device", "resolve"]

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from workbench.errors import WorkbenchError
 from workbench.models.registry import ModelSpec, embedded_gguf, resolve
-from workbench.paths import cache_dir
+from workbench.paths import cache_dir, model_folder_name
+from workbench.store import build_once
 
 log = logging.getLogger(__name__)
 
@@ -34,16 +35,23 @@ _NO_PROCESSING = dict(
 
 
 def pick_device(device: str = "auto") -> str:
-    """``auto`` → CUDA when present, else MPS, else CPU."""
+    """``auto`` → CUDA when present, else MPS, else CPU; a named device must exist on this machine.
+
+    Checked here, before any weights load, so a wrong ``--device`` is one line, not a torch traceback.
+    """
     import torch
 
-    if device != "auto":
-        return device
-    if torch.cuda.is_available():
-        return "cuda"
-    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-        return "mps"
-    return "cpu"
+    cuda = torch.cuda.is_available()
+    mps = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+    if device == "auto":
+        return "cuda" if cuda else "mps" if mps else "cpu"
+    kind, colon, index = str(device).partition(":")
+    if kind not in ("cpu", "cuda", "mps") or (colon and (kind != "cuda" or not index.isdigit())):
+        raise WorkbenchError(f"unknown device {device!r}: use auto, cpu, cuda, cuda:N or mps")
+    available = {"cpu": True, "cuda": cuda and int(index or 0) < torch.cuda.device_count(), "mps": mps}[kind]
+    if not available:
+        raise WorkbenchError(f"device {device} is not available here: use --device cpu or auto")
+    return device
 
 
 def _torch_dtype(dtype):
@@ -147,55 +155,91 @@ def file_sha256(path: Path) -> str:
 
 
 def _load_gguf(spec: ModelSpec, gguf: Path):
-    """Dequantize a GGUF once through transformers, then serve it from the safetensors cache."""
-    stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    folder = cache_dir("models", f"{spec.name}-{key}")
-    cached = _read_cache(folder)
-    if cached is not None:
-        return cached, {"weights_sha256": json.loads((folder / "meta.json").read_text())["weights_sha256"],
-                        "cached": True}
+    """Dequantize a GGUF once through transformers, then serve it from the safetensors cache.
 
+    Two first loads at once are safe: one dequantizes and publishes the entry, the other waits and reads it.
+    """
+    _check_gguf(gguf)
+    folder = gguf_cache_folder(spec, gguf)
+    loaded: dict = {}
+
+    def ready(entry: Path) -> bool:
+        loaded["cached"] = _read_cache(entry)
+        return loaded["cached"] is not None
+
+    def build(tmp: Path) -> None:
+        log.info("dequantizing %s (first load; cached afterwards in %s)", gguf, folder)
+        model = _dequantize(spec, gguf)
+        sha = file_sha256(gguf)
+        _write_cache(tmp, model, {"weights_sha256": sha, "gguf": str(gguf), "spec": spec.name})
+        loaded["built"] = model, {"weights_sha256": sha, "cached": False}
+
+    build_once(folder, build, ready, f"the model cache {folder}")
+    return loaded.get("built") or loaded["cached"]
+
+
+def _check_gguf(gguf: Path) -> None:
+    """A file that is not GGUF at all is refused before anything is written to the cache."""
+    with open(gguf, "rb") as fh:
+        if fh.read(4) != b"GGUF":
+            raise WorkbenchError(f"{gguf} is not a GGUF file (it does not start with the GGUF magic bytes): "
+                                 "give a complete .gguf model file")
+
+
+def gguf_cache_folder(spec: ModelSpec, gguf: Path) -> Path:
+    """The cache entry of a GGUF's conversion, keyed by everything that changes its content: the file (path,
+    size, mtime), the cache format, the converting libraries' versions and the spec's conversion settings."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = {}
+    for package in ("transformers", "transformer-lens", "gguf", "torch"):
+        try:
+            versions[package] = version(package)
+        except PackageNotFoundError:
+            versions[package] = None
+    stat = gguf.stat()
+    key = json.dumps({"gguf": str(gguf.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+                      "format": _CACHE_FORMAT, "versions": versions, "tl_name": spec.tl_name,
+                      "prepend_bos": spec.prepend_bos}, sort_keys=True)
+    name = model_folder_name(spec.name)
+    return cache_dir("models") / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def _dequantize(spec: ModelSpec, gguf: Path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    log.info("dequantizing %s (first load; cached afterwards in %s)", gguf, folder)
     try:
         hf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    except (ValueError, OSError, KeyError) as exc:
-        raise WorkbenchError(f"could not read {gguf} as a GGUF model ({exc}); is it a complete, supported file?") from exc
-    model = _convert(spec, hf_model, tokenizer)
-    sha = file_sha256(gguf)
-    _write_cache(folder, model, {"weights_sha256": sha, "gguf": str(gguf), "spec": spec.name})
-    del hf_model
-    return model, {"weights_sha256": sha, "cached": False}
+    except Exception as exc:  # a truncated or unsupported file fails deep in the reader, with many types
+        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise WorkbenchError(f"could not read {gguf} as a GGUF model ({reason}); is it a complete, supported "
+                             "file?") from None
+    return _convert(spec, hf_model, tokenizer)
 
 
 def _write_cache(folder: Path, model, meta: dict) -> None:
-    """Write the converted model atomically: a half-written cache is never read."""
+    """Write the converted model into ``folder`` (a fresh temporary one that ``build_once`` publishes)."""
     import torch
     from safetensors.torch import save_file
 
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     state = {k: v.detach().to(torch.float32).contiguous().clone() for k, v in model.state_dict().items()}
-    save_file(state, str(tmp / "model.safetensors"))
+    save_file(state, str(folder / "model.safetensors"))
     cfg = {k: v for k, v in model.cfg.to_dict().items() if k not in ("device", "dtype", "n_params")}
-    (tmp / "config.json").write_text(json.dumps(cfg, default=str, indent=1))
-    model.tokenizer.save_pretrained(tmp / "tokenizer")
-    (tmp / "meta.json").write_text(json.dumps({"format": _CACHE_FORMAT, **meta}, indent=1))
-    shutil.rmtree(folder, ignore_errors=True)
-    os.replace(tmp, folder)
+    (folder / "config.json").write_text(json.dumps(cfg, default=str, indent=1))
+    model.tokenizer.save_pretrained(folder / "tokenizer")
+    (folder / "meta.json").write_text(json.dumps({"format": _CACHE_FORMAT, **meta}, indent=1))
 
 
 def _read_cache(folder: Path):
+    """(model, info) from a published cache entry; None when there is none or it is stale or damaged."""
     meta_file = folder / "meta.json"
     if not meta_file.exists():
         return None
     try:
-        if json.loads(meta_file.read_text()).get("format") != _CACHE_FORMAT:
+        meta = json.loads(meta_file.read_text())
+        if meta.get("format") != _CACHE_FORMAT:
             return None
         import torch
         from safetensors.torch import load_file
@@ -207,7 +251,7 @@ def _read_cache(folder: Path):
         tokenizer = AutoTokenizer.from_pretrained(folder / "tokenizer")
         model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
         model.load_and_process_state_dict(load_file(str(folder / "model.safetensors")), **_NO_PROCESSING)
-        return model
+        return model, {"weights_sha256": meta["weights_sha256"], "cached": True}
     except Exception as exc:  # a stale or damaged cache is rebuilt, never fatal
         log.warning("model cache %s unreadable (%s); rebuilding it", folder, exc)
         return None
@@ -298,39 +342,156 @@ def _neutral_config_folder(hf_model) -> Path:
     config = hf_model.config
     if not getattr(config, "architectures", None):
         config.architectures = [type(hf_model).__name__]
-    digest = hashlib.sha256(config.to_json_string().encode()).hexdigest()[:16]
-    folder = cache_dir("hf-configs", digest)
-    config.save_pretrained(folder)
-    return folder
+    digest = hashlib.sha256(config.to_json_string().encode()).hexdigest()[:16]  # the whole config: its key
+    folder = cache_dir("hf-configs") / digest
+    return build_once(folder, config.save_pretrained, lambda f: (f / "config.json").exists(),
+                      f"the config cache {folder}")
 
 
 def _portable_tokenizer(tokenizer):
-    """Re-home a tokenizer in a plain folder so TransformerLens can re-load it offline (it does, for BOS)."""
+    """Re-home a tokenizer in a plain folder so TransformerLens can re-load it offline (it does, for BOS).
+
+    The folder is named by the hash of every file the tokenizer saves (vocabulary, merges, special tokens,
+    chat template): two tokenizers that differ anywhere never share one.
+    """
+    import tempfile
+
     from transformers import AutoTokenizer
 
     name = getattr(tokenizer, "name_or_path", "") or ""
     if name and Path(name).is_dir() and not tokenizer.init_kwargs.get("gguf_file"):
         return tokenizer
-    digest = hashlib.sha256(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode()).hexdigest()[:16]
-    folder = cache_dir("tokenizers", digest)
-    if not (folder / "tokenizer_config.json").exists():
-        tokenizer.save_pretrained(folder)
+    with tempfile.TemporaryDirectory() as saved:
+        tokenizer.save_pretrained(saved)
+        digest = hashlib.sha256()
+        for file in sorted(p for p in Path(saved).rglob("*") if p.is_file()):
+            digest.update(file.relative_to(saved).as_posix().encode() + b"\0" + file.read_bytes() + b"\0")
+        folder = cache_dir("tokenizers") / digest.hexdigest()[:16]
+        build_once(folder, lambda tmp: shutil.copytree(saved, tmp, dirs_exist_ok=True),
+                   lambda f: (f / "tokenizer_config.json").exists(), f"the tokenizer cache {folder}")
     return AutoTokenizer.from_pretrained(folder)
 
 
 # --------------------------------------------------------------------- chat
 
 
+class ChatPrompt(str):
+    """Prompt text rendered by a chat template, with the character ranges that are the template's own markup.
+
+    Only markup may become control tokens (``<|im_start|>``, ``<end_of_turn>``): message contents, from users
+    and documents, are tokenized as text (``workbench.capture.tokenize``), so a document cannot forge a turn.
+    Adding plain text on either side keeps the ranges (the added text is content); any other string operation
+    gives a plain ``str``, which is all content.
+    """
+
+    markup: tuple[tuple[int, int], ...]
+
+    def __new__(cls, text: str, markup=()):
+        self = super().__new__(cls, text)
+        self.markup = tuple((int(a), int(b)) for a, b in markup if b > a)
+        return self
+
+    def __getnewargs__(self):
+        return str(self), self.markup
+
+    def __add__(self, other):
+        if not isinstance(other, str):
+            return NotImplemented
+        n = len(self)
+        return ChatPrompt(str(self) + other, self.markup + tuple((a + n, b + n) for a, b in getattr(other, "markup", ())))
+
+    def __radd__(self, other):
+        if not isinstance(other, str):
+            return NotImplemented
+        n = len(other)
+        return ChatPrompt(other + str(self), tuple((a + n, b + n) for a, b in self.markup))
+
+
 def has_chat_template(model) -> bool:
     return getattr(model.tokenizer, "chat_template", None) is not None
 
 
-def format_chat(model, user: str, system: str | None = None, history: list[dict] | None = None) -> str:
-    """The prompt text for one user turn, through the model's own chat template (generation prompt added)."""
-    if not has_chat_template(model):
-        raise WorkbenchError(
-            f"model {model.cfg.model_name!r} has no chat template: pass raw text instead (e.g. --no-chat)"
-        )
+def format_chat(model, user: str, system: str | None = None, history: list[dict] | None = None) -> ChatPrompt:
+    """The prompt for one user turn through the model's own chat template (generation prompt added).
+
+    ``system`` and ``history`` contents are content too: only the template's markup is trusted.
+    """
     messages = ([{"role": "system", "content": system}] if system else []) + list(history or [])
     messages.append({"role": "user", "content": user})
-    return model.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return _render_chat(model, messages)[0]
+
+
+def chat_record(model, record: dict | str, system: str | None = None) -> dict:
+    """A prompt record in the chat template: ``text`` becomes a ``ChatPrompt``, the original moves to
+    ``raw_text``, and a character ``span`` moves with the text (clipped to what the template keeps of it).
+
+    The one wrapper every caller uses (capture, detect, generate, the probe), so spans and trust agree.
+    """
+    from workbench.capture import check_span
+
+    record = {"text": record} if isinstance(record, str) else dict(record)
+    user = record.get("text")
+    if not isinstance(user, str) or not user:
+        raise WorkbenchError("a chat prompt needs a non-empty 'text' string")
+    text, where = _render_chat(model, ([{"role": "system", "content": system}] if system else [])
+                               + [{"role": "user", "content": user}])
+    start, end = where[-1]
+    out = {**record, "text": text, "raw_text": user}
+    if "span" in record:
+        a, b = check_span(record["span"], user)
+        shown = text[start:end]
+        lead = 0 if shown == user else user.find(shown) if shown else -1
+        a, b = max(a, lead), min(b, lead + len(shown))
+        if lead < 0 or a >= b:
+            raise WorkbenchError(f"the chat template of {model.cfg.model_name!r} drops the text of span "
+                                 f"{record['span']}: use raw text (--raw) or a span inside the kept text")
+        out["span"] = [a - lead + start, b - lead + start]
+    return out
+
+
+def _render_chat(model, messages: list[dict]) -> tuple[ChatPrompt, list[tuple[int, int]]]:
+    """The rendered prompt and where each message's content lies in it.
+
+    Each content is located by rendering it between unique sentinels standing in for the others, so
+    content equal to template text (a user who types "user") or rewritten by it (``| trim``) is found
+    exactly; a template whose layout depends on the contents is refused rather than guessed at.
+    """
+    import secrets
+
+    if not has_chat_template(model):
+        raise WorkbenchError(
+            f"model {model.cfg.model_name!r} has no chat template: pass raw text instead (e.g. --raw)"
+        )
+    for m in messages:
+        if not isinstance(m.get("content"), str):
+            raise WorkbenchError(f"chat message {m.get('role')!r} needs a string 'content'")
+    marks = [f"WB{secrets.token_hex(8)}M{i}" for i in range(len(messages))]
+
+    def render(*real: int) -> str:  # the contents of messages ``real``, sentinels for the others
+        shown = [dict(m, content=m["content"] if i in real else marks[i]) for i, m in enumerate(messages)]
+        return model.tokenizer.apply_chat_template(shown, tokenize=False, add_generation_prompt=True)
+
+    skeleton = render()
+    at = [skeleton.find(mark) for mark in marks]
+    if any(skeleton.count(mark) != 1 for mark in marks) or at != sorted(at):
+        raise WorkbenchError(f"the chat template of {model.cfg.model_name!r} does not show each message once, "
+                             "in order: pass raw text (--raw)")
+    text, where, markup, pos = "", [], [], 0
+    for i, mark in enumerate(marks):
+        before, after = skeleton[: at[i]], skeleton[at[i] + len(mark):]
+        alone = render(i)
+        if not (alone.startswith(before) and alone.endswith(after) and len(alone) >= len(before) + len(after)):
+            raise WorkbenchError(f"the chat template of {model.cfg.model_name!r} lays out a message depending on "
+                                 "its content: pass raw text (--raw)")
+        shown = alone[len(before): len(alone) - len(after)]
+        markup.append((len(text), len(text) + at[i] - pos))
+        text += skeleton[pos: at[i]]
+        where.append((len(text), len(text) + len(shown)))
+        text += shown
+        pos = at[i] + len(mark)
+    markup.append((len(text), len(text) + len(skeleton) - pos))
+    text += skeleton[pos:]
+    if text != render(*range(len(messages))):
+        raise WorkbenchError(f"the chat template of {model.cfg.model_name!r} renders messages together in a way "
+                             "that cannot be located: pass raw text (--raw)")
+    return ChatPrompt(text, markup), where

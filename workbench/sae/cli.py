@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 from workbench.errors import WorkbenchError
+from workbench.sae.train import EMBEDDINGS_FILE, FEATURES_FILE, INTERFERENCE_FILE  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
-
-FEATURES_FILE = "features.json"
-EMBEDDINGS_FILE = "description_embeddings.npy"
-INTERFERENCE_FILE = "interference.json"
 
 
 def _model(model):
@@ -25,11 +23,35 @@ def _model(model):
     return load_model(model) if isinstance(model, str) else model
 
 
-def default_store_path(model_name: str, sites: list[str], n_tokens: int, block_len: int) -> Path:
-    from workbench.paths import cache_dir
+def default_store_path(model, sites: list[str], n_tokens: int, block_len: int, seed: int = 0,
+                       source: str | Path | None = None) -> Path:
+    """The cache folder of the activations these settings collect: named for people, keyed by a hash of
+    everything that changes its content (model weights and dtype, sites, tokens, block length, seed, source)."""
+    import hashlib
 
+    from workbench.paths import cache_dir, model_folder_name
+
+    info = getattr(model, "workbench", {}) or {}
+    name = model_folder_name(info.get("name", model.cfg.model_name))
+    key = json.dumps([info.get("weights_sha256"), info.get("dtype", str(model.cfg.dtype)), sites, n_tokens, block_len,
+                      "train", seed, _source_fingerprint(source)], default=str)
     tag = "-".join(s.replace("blocks.", "L").replace(".hook_", "-") for s in sites)
-    return cache_dir("saes", "activations") / f"{model_name}-{tag}-{n_tokens}-{block_len}"
+    return cache_dir("saes", "activations") / f"{name}-{tag}-{n_tokens}-{block_len}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+
+
+def _source_fingerprint(source) -> list | None:
+    """A local text source as (absolute path, then each file's name, size and mtime): edited files, a new key."""
+    if source is None:
+        return None
+    root = Path(source).resolve()
+    files = sorted(root.rglob("*")) if root.is_dir() else [root]
+    return [str(root), *[(str(f.relative_to(root)) if root.is_dir() else f.name, *_stat(f)) for f in files
+                         if f.is_file()]]
+
+
+def _stat(file: Path) -> tuple[int, int]:
+    st = file.stat()
+    return st.st_size, st.st_mtime_ns
 
 
 def run_train(model="smollm2-135m", site: str = "blocks.12.hook_resid_post", name: str | None = None,
@@ -37,45 +59,81 @@ def run_train(model="smollm2-135m", site: str = "blocks.12.hook_resid_post", nam
               d_sae: int | None = None, k: int = 32, l1_coefficient: float = 5.0, lr: float = 4e-4,
               batch_size: int = 1024, block_len: int = 128, source: str | None = None,
               activations: str | None = None, collect_sites: list[str] | None = None,
-              collect_budget_s: float | None = None, eval_tokens: int = 4096, resume: bool = True,
+              collect_budget_s: float | None = None, eval_tokens: int = 4096, overwrite: bool = False,
               seed: int = 0, progress: bool = True) -> dict:
     """Collect activations (resumable), train one SAE, evaluate it; returns its path and metrics.
 
     ``n_tokens``: corpus tokens to collect; ``train_tokens``: samples the trainer sees (default: what
     was collected, so more means repeated epochs); ``collect_budget_s`` stops collection early and
-    trains on what exists (recorded). ``collect_sites`` lets one store serve several sites.
+    trains on what exists (recorded). ``collect_sites`` lets one store serve several sites. An SAE
+    of this ``name`` is reused (or resumed) only if trained with the same settings on the same data;
+    other settings are refused before anything is collected, unless ``overwrite``.
     """
+    from dataclasses import asdict, replace
+
+    from workbench.capture import check_sites
     from workbench.data.corpus import token_blocks
+    from workbench.paths import model_folder_name, safe_name
     from workbench.sae.load import trained_dir
     from workbench.sae.train import (
         ActivationStore,
         TrainConfig,
+        check_int,
+        check_number,
+        check_sae_folder,
         check_site_matches,
         collect_activations,
         evaluate_sae,
+        site_width,
         store_batches,
+        store_identity,
         train_sae,
         update_meta,
     )
 
+    check_int("n_tokens", n_tokens, low=1)
+    check_int("block_len", block_len, low=2)
+    check_int("eval_tokens", eval_tokens, low=block_len)
+    if train_tokens is not None:
+        check_int("train_tokens", train_tokens, low=1)
+    if collect_budget_s is not None:
+        check_number("budget", collect_budget_s, low=0)
+    cfg = TrainConfig(site=site, architecture=architecture, d_sae=d_sae, k=k, l1_coefficient=l1_coefficient, lr=lr,
+                      batch_size=batch_size, n_tokens=train_tokens or n_tokens, seed=seed)
+    if name is not None:
+        safe_name(name, "--name")
     model = _model(model)
-    model_name = (getattr(model, "workbench", {}) or {}).get("name", model.cfg.model_name)
-    sites = list(dict.fromkeys([*(collect_sites or []), site]))
-    store_path = Path(activations) if activations else default_store_path(model_name, sites, n_tokens, block_len)
-    if activations and (store_path / "manifest.json").exists() and collect_budget_s == 0:
-        store = ActivationStore(store_path)
+    info = getattr(model, "workbench", {}) or {}
+    model_name = info.get("name", model.cfg.model_name)
+    sites = check_sites(model, [*(collect_sites or []), site])
+    cfg = replace(cfg, model_name=model_name)
+    cfg.dict_size(site_width(model, site))
+    store_path = Path(activations) if activations else default_store_path(model, sites, n_tokens, block_len, seed,
+                                                                          source)
+    name = name or f"{model_folder_name(model_name)}-{site.replace('blocks.', 'L').replace('.hook_', '-')}-{architecture}"
+    out = trained_dir(name)
+    existing = ActivationStore(store_path) if (store_path / "manifest.json").exists() else None
+    if existing is not None and existing.manifest.get("weights_sha256") != info.get("weights_sha256"):
+        raise WorkbenchError(f"{store_path} holds activations of {existing.manifest.get('model')} with other "
+                             f"weights than this {model_name}: collect into another folder")
+    # Before collecting, every setting known now; the tokens collected (and a new store's identity) in train_sae.
+    unknown = ("n_tokens",) * (train_tokens is None) + ("data",) * (existing is None)
+    known = {k_: v for k_, v in asdict(replace(cfg, data=store_identity(existing) if existing else "")).items()
+             if k_ not in unknown}
+    check_sae_folder(out, known, overwrite, activations=store_path)
+    if activations and existing is not None and collect_budget_s == 0:
+        store = existing
     else:
         store = collect_activations(model, sites, store_path, n_tokens, block_len=block_len, split="train",
                                     seed=seed, source=source, time_budget_s=collect_budget_s, progress=progress)
     collected = len(store.get(site)) if store.n_rows else 0
     if collected < batch_size:
-        raise WorkbenchError(f"only {collected} activations in {store_path}: collect more (raise the time budget)")
+        raise WorkbenchError(f"only {collected} activations in {store_path}: collect more (raise the time budget "
+                             "or --n-tokens) or lower --batch-size")
     d_in = int(store.manifest["d"][site][0])
-    name = name or f"{model_name}-{site.replace('blocks.', 'L').replace('.hook_', '-')}-{architecture}"
-    out = trained_dir(name)
-    cfg = TrainConfig(site=site, architecture=architecture, d_sae=d_sae, k=k, l1_coefficient=l1_coefficient, lr=lr,
-                      batch_size=batch_size, n_tokens=train_tokens or collected, seed=seed, model_name=model_name)
-    sae = train_sae(cfg, store_batches(store, site, batch_size, seed), d_in, out, resume=resume, progress=progress)
+    cfg = replace(cfg, n_tokens=train_tokens or collected, data=store_identity(store))
+    sae = train_sae(cfg, store_batches(store, site, batch_size, seed), d_in, out, resume=not overwrite,
+                    progress=progress)
     check_site_matches(model, sae)
     eval_blocks = token_blocks(model.tokenizer, eval_tokens, block_len, split="heldout", seed=seed, source=source)
     metrics = evaluate_sae(model, sae, eval_blocks)
@@ -92,6 +150,7 @@ def run_features(sae: str, model="smollm2-135m", activations: str | None = None,
 
     from workbench.sae.features import describe_features, embed_texts
     from workbench.sae.train import ActivationStore, read_meta
+    from workbench.store import write_json_atomic
 
     model = _model(model)
     sae_obj, folder = _load(sae, model)
@@ -102,8 +161,11 @@ def run_features(sae: str, model="smollm2-135m", activations: str | None = None,
     records = describe_features(model, sae_obj, store, n_top=n_top, token_set_frac=token_set_frac,
                                 labeller=labeller, progress=progress)
     emb = embed_texts([r["description"] for r in records])
-    (folder / FEATURES_FILE).write_text(json.dumps(records))
-    np.save(folder / EMBEDDINGS_FILE, emb)
+    tmp = folder / (EMBEDDINGS_FILE + ".tmp")
+    with open(tmp, "wb") as fh:  # both files replaced atomically, embeddings first: never a half-written pair
+        np.save(fh, emb)
+    os.replace(tmp, folder / EMBEDDINGS_FILE)
+    write_json_atomic(folder / FEATURES_FILE, records)
     d = sae_obj.cfg.d_sae
     return {"path": str(folder), "n_features": d, "n_described": len(records), "dead_on_store": d - len(records),
             "examples": [{k: r[k] for k in ("feature", "description", "frequency")} for r in records[:5]]}
@@ -116,6 +178,7 @@ def run_interference(sae: str, model="smollm2-135m", k: int = 32, min_interferen
 
     from workbench.sae.interference import (
         CUTOFFS,
+        check_interference_args,
         interference_scan,
         neuron_connections,
         pair_table,
@@ -127,6 +190,7 @@ def run_interference(sae: str, model="smollm2-135m", k: int = 32, min_interferen
     from workbench.sae.train import ActivationStore, read_meta
     from workbench.store import write_json_atomic
 
+    check_interference_args(k, min_interference, cutoff, block_size)
     model = _model(model)
     sae_obj, folder = _load(sae, model)
     if not (folder / FEATURES_FILE).exists():
@@ -165,8 +229,13 @@ def run_intervene(sae: str, prompt: str, locus: str = "feature", feature: int = 
                   target_feature: int | None = None, model="smollm2-135m", k: int = 30) -> dict:
     """One intervention: next-token top tokens before/after and the shift toward the target feature."""
     from workbench.sae.features import records_by_feature
-    from workbench.sae.interventions import intervene
+    from workbench.sae.interventions import check_intervention_args, intervene
+    from workbench.sae.train import check_int
 
+    check_intervention_args(locus, scale)
+    check_int("k", k, low=1)
+    if not isinstance(prompt, str) or not prompt:
+        raise WorkbenchError("--prompt is empty: give the text to intervene on")
     model = _model(model)
     sae_obj, folder = _load(sae, model)
     file = folder / FEATURES_FILE

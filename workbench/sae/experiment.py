@@ -233,8 +233,14 @@ def model_config(cfg: dict, name: str) -> dict:
 
 
 def sae_name(cfg: dict, n: int) -> str:
+    """Readable, and keyed by everything that shapes the SAE, so a quick run never meets a full run's SAE."""
+    import hashlib
+
     spec = cfg["saes"][n]
-    return f"study-{cfg['model']}-{n}-{spec['site'].split('.')[1]}-{spec['architecture']}-{spec.get('d_sae')}"
+    key = json.dumps([spec, cfg["collect"], cfg["train_tokens"], cfg["seed"], cfg.get("source")], sort_keys=True,
+                     default=str)
+    return (f"study-{cfg['model']}-{n}-{spec['site'].split('.')[1]}-{spec['architecture']}-{spec.get('d_sae')}-"
+            f"{hashlib.sha256(key.encode()).hexdigest()[:8]}")
 
 
 def prepare_model(cfg: dict, model, only_analysis: bool = False) -> dict:
@@ -256,7 +262,7 @@ def prepare_model(cfg: dict, model, only_analysis: bool = False) -> dict:
     from workbench.sae.load import load_sae
 
     c = cfg["collect"]
-    store_path = default_store_path(cfg["model"], c["sites"], c["n_tokens"], c["block_len"])
+    store_path = default_store_path(model, c["sites"], c["n_tokens"], c["block_len"], cfg["seed"], cfg.get("source"))
     sae_rows = []
     for n, spec in enumerate(cfg["saes"]):
         if only_analysis and n != cfg["analysis_sae"]:

@@ -27,6 +27,18 @@ def _decoder(sae):
     return w
 
 
+def check_interference_args(k, min_interference, cutoff, block_size: int = 1024) -> None:
+    """Refuse values the scan or the pair filter would turn into a silently empty or wrong result."""
+    from workbench.sae.train import check_int, check_number
+
+    check_int("k", k, low=1)
+    check_number("min_interference", min_interference, low=0, high=1)
+    if cutoff not in CUTOFFS:
+        raise WorkbenchError(f"--cutoff {cutoff!r} is not a clustering cutoff: use one of "
+                             f"{', '.join(f'{c:.2f}' for c in CUTOFFS)}")
+    check_int("block_size", block_size, low=1)
+
+
 def interference_scan(sae, k: int = 32, block_size: int = 1024, bins=BINS) -> dict:
     """Top-k partners by |cos| for every feature, and the all-pairs histogram over ``bins`` (pairs i < j).
 
@@ -104,6 +116,7 @@ def unrelated_interfering(pairs: list[dict], min_interference: float = 0.3, cuto
 
     Different clusters at the coarsest cutoff (0.40) means different clusters at every finer one.
     """
+    check_interference_args(1, min_interference, cutoff)
     key = f"same_cluster_{cutoff:.2f}"
     out = [p for p in pairs if p["interference"] >= min_interference and not p[key]]
     return sorted(out, key=lambda p: -p["interference"])

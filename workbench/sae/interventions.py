@@ -208,11 +208,19 @@ def next_token_metrics(p_before, p_after, target_tokens, cos_to_target=None, k: 
     return out
 
 
+def check_intervention_args(locus: str, scale) -> None:
+    """A known locus and a finite scale (NaN or inf would poison every logit)."""
+    from workbench.sae.train import check_number
+
+    if locus not in LOCI:
+        raise WorkbenchError(f"unknown locus {locus!r}: use one of {', '.join(LOCI)}")
+    check_number("scale", scale)
+
+
 def intervention(model, sae, locus: str, feature: int | None, scale: float, records: dict | None = None,
                  direction=None, neurons=None):
     """(fwd_hooks, prefix) for one intervention; ``direction``/``neurons`` override the feature's (baselines)."""
-    if locus not in LOCI:
-        raise WorkbenchError(f"unknown locus {locus!r}: use one of {', '.join(LOCI)}")
+    check_intervention_args(locus, scale)
     site = sae.cfg.metadata.hook_name
     if feature is not None:
         feature = check_feature(sae, feature)
@@ -234,8 +242,11 @@ def intervention(model, sae, locus: str, feature: int | None, scale: float, reco
 
 
 def _record(records, j):
-    if not records or j not in records:
+    if not records:
         raise WorkbenchError(f"feature {j} has no description record: run `workbench sae features` first")
+    if j not in records:
+        raise WorkbenchError(f"feature {j} has no description (it never fired on the SAE's activations): "
+                             "pick a described feature (see features.json)")
     return records[j]
 
 
@@ -248,6 +259,7 @@ def intervene(model, sae, prompt: str, locus: str, feature: int, scale: float, t
     """
     import torch
 
+    feature = check_feature(sae, feature)
     target = feature if target_feature is None else check_feature(sae, target_feature)
     rec = _record(records, target)
     hooks, prefix = intervention(model, sae, locus, feature, scale, records)

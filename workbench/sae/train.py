@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 ARCHITECTURES = ("topk", "standard")
 META_FILE = "workbench.json"
+FEATURES_FILE = "features.json"  # what `sae features` and `sae interference` write beside an SAE
+EMBEDDINGS_FILE = "description_embeddings.npy"
+INTERFERENCE_FILE = "interference.json"
 
 
 # ----------------------------------------------------------------------------- activations
@@ -215,7 +218,12 @@ def _shuffled_batches(chunks, batch_size: int, gen) -> Iterator:
 
 @dataclass
 class TrainConfig:
-    """What an SAE run needs; ``n_tokens`` may exceed the activations held (epochs are repeated and recorded)."""
+    """What an SAE run needs; ``n_tokens`` may exceed the activations held (epochs are repeated and recorded).
+
+    Built, it is valid (``__post_init__``): a bad value is refused before anything is collected or written.
+    ``data`` names the activations trained on (``store_identity``), so an SAE is only ever reused for the
+    very data and settings it was trained with.
+    """
 
     site: str
     architecture: str = "topk"
@@ -229,7 +237,55 @@ class TrainConfig:
     n_checkpoints: int = 4
     seed: int = 0
     model_name: str = ""
+    data: str = ""
     extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not isinstance(self.site, str) or not self.site.strip():
+            raise WorkbenchError(f"site {self.site!r} must be a hook name, e.g. blocks.12.hook_resid_post")
+        if self.architecture not in ARCHITECTURES:
+            raise WorkbenchError(f"unknown SAE architecture {self.architecture!r}: use one of {', '.join(ARCHITECTURES)}")
+        for name in ("expansion", "k", "batch_size", "n_tokens", *(("d_sae",) if self.d_sae is not None else ())):
+            check_int(name, getattr(self, name), low=1)
+        check_int("n_checkpoints", self.n_checkpoints, low=0)
+        check_int("seed", self.seed, low=0)
+        check_number("lr", self.lr, low=0, low_open=True)
+        check_number("l1_coefficient", self.l1_coefficient, low=0)
+        if self.n_tokens < self.batch_size:
+            raise WorkbenchError(f"n_tokens={self.n_tokens} is below one batch ({self.batch_size}): train on more "
+                                 "tokens or lower --batch-size")
+        if self.d_sae is not None:
+            self.dict_size(0)
+
+    def dict_size(self, d_in: int) -> int:
+        """The dictionary size for inputs of width ``d_in``; a TopK ``k`` above it is refused."""
+        d_sae = self.d_sae or self.expansion * d_in
+        if self.architecture == "topk" and self.k > d_sae:
+            raise WorkbenchError(f"--k {self.k} is more than the dictionary's {d_sae} features: "
+                                 f"use --k between 1 and {d_sae} (or a larger --d-sae)")
+        return d_sae
+
+
+def check_int(name: str, value, low: int = 1, high: int | None = None) -> int:
+    """``value`` as an int in [low, high]; else one line naming the option (``--name-with-dashes``)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        upper = f" and <= {high}" if high is not None else ""
+        raise WorkbenchError(f"--{name.replace('_', '-')} must be an integer >= {low}{upper}, got {value!r}")
+    return value
+
+
+def check_number(name: str, value, low: float | None = None, high: float | None = None,
+                 low_open: bool = False) -> float:
+    """``value`` as a finite float in [low, high] (``low_open``: above ``low``); NaN and inf are refused."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        and (low is None or (value > low if low_open else value >= low)) and (high is None or value <= high)
+    if not ok:
+        bounds = [f"{'>' if low_open else '>='} {low:g}" if low is not None else "",
+                  f"<= {high:g}" if high is not None else ""]
+        rule = " and ".join(b for b in bounds if b)
+        raise WorkbenchError(f"--{name.replace('_', '-')} must be a finite number{' ' + rule if rule else ''}, "
+                             f"got {value!r}")
+    return float(value)
 
 
 def _training_sae(cfg: TrainConfig, d_in: int):
@@ -237,13 +293,11 @@ def _training_sae(cfg: TrainConfig, d_in: int):
     from sae_lens.saes.standard_sae import StandardTrainingSAE, StandardTrainingSAEConfig
     from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig
 
-    common = dict(d_in=d_in, d_sae=cfg.d_sae or cfg.expansion * d_in, normalize_activations="expected_average_only_in",
+    common = dict(d_in=d_in, d_sae=cfg.dict_size(d_in), normalize_activations="expected_average_only_in",
                   metadata=SAEMetadata(hook_name=cfg.site, model_name=cfg.model_name))
     if cfg.architecture == "topk":
         return TopKTrainingSAE(TopKTrainingSAEConfig(k=cfg.k, **common))
-    if cfg.architecture == "standard":
-        return StandardTrainingSAE(StandardTrainingSAEConfig(l1_coefficient=cfg.l1_coefficient, **common))
-    raise WorkbenchError(f"unknown SAE architecture {cfg.architecture!r}: use one of {', '.join(ARCHITECTURES)}")
+    return StandardTrainingSAE(StandardTrainingSAEConfig(l1_coefficient=cfg.l1_coefficient, **common))
 
 
 def _latest_checkpoint(folder: Path) -> Path | None:
@@ -251,44 +305,109 @@ def _latest_checkpoint(folder: Path) -> Path | None:
     return max(done, key=lambda p: int(p.name)) if done else None
 
 
+CHECKPOINT_CONFIG = "config.json"  # in checkpoints/: the config the checkpoints belong to
+OWNED = ("cfg.json", "sae_weights.safetensors", META_FILE, FEATURES_FILE, EMBEDDINGS_FILE, INTERFERENCE_FILE)
+
+
+def held_config(out: str | Path) -> dict | None:
+    """The config of the SAE (finished, else checkpointed) in ``out``; None when it holds none.
+
+    Checkpoints without a recorded config (an older layout) count as a config of their own, ``{}``,
+    which matches nothing: they are never resumed as if they were this run's.
+    """
+    out = Path(out)
+    meta = read_meta(out)
+    if (out / "cfg.json").exists() and "config" in meta:
+        return meta["config"]
+    file = out / "checkpoints" / CHECKPOINT_CONFIG
+    if file.exists():
+        return _read_json(file)
+    has_checkpoints = (out / "checkpoints").is_dir() and _latest_checkpoint(out / "checkpoints") is not None
+    return {} if has_checkpoints or (out / "cfg.json").exists() else None
+
+
+def check_sae_folder(out: str | Path, wanted: dict, overwrite: bool = False, activations: Path | None = None) -> None:
+    """Refuse, before anything is collected or written, an ``out`` holding an SAE with other settings.
+
+    ``wanted`` holds the settings known so far (``run_train`` checks before collecting, without the
+    data-dependent ones; ``train_sae`` checks them all); ``activations``: the store this run reads,
+    whose folder name is keyed by its content's inputs (``default_store_path``), so an SAE recorded
+    with another store was trained on other data. ``overwrite`` accepts any folder.
+    """
+    held = held_config(out)
+    if overwrite or held is None:
+        return
+    held_store = read_meta(out).get("activations")
+    if activations is not None and held_store and Path(held_store).name != Path(activations).name:
+        held, wanted = {**held, "activations": Path(held_store).name}, {**wanted, "activations": Path(activations).name}
+    diff = [k for k, v in wanted.items() if held.get(k, _MISSING) != v]
+    if diff:
+        k = diff[0]
+        shown = f"{k} {held[k]!r}, now {wanted[k]!r}" if k in held else "settings not recorded"
+        raise WorkbenchError(f"{out} holds an SAE trained with other settings ({shown}): pass --name to train "
+                             "a new one beside it, or --overwrite to replace it")
+
+
+_MISSING = object()
+
+
+def store_identity(store: ActivationStore) -> str:
+    """What a store's activations are (model, weights, tokens, dtype), as a short hash an SAE records."""
+    keys = ("model", "weights_sha256", "prompts_sha256", "dtype", "max_tokens")
+    blob = json.dumps({k: store.manifest.get(k) for k in keys}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
 def train_sae(cfg: TrainConfig, batches: Iterator, d_in: int, out: str | Path, resume: bool = True,
               progress: bool = True):
     """Train one SAE from an iterator of activation batches; checkpoints under ``out/checkpoints``, resumable.
 
+    ``resume``: an SAE (finished or checkpointed) already in ``out`` is reused or continued only when it
+    was trained with exactly ``cfg``; other settings are refused. ``resume=False`` replaces it.
     Returns the inference SAE (``sae_lens.SAE``) saved in SAELens format at ``out``.
     """
+    out = Path(out)
+    cfg.dict_size(d_in)
+    check_sae_folder(out, asdict(cfg), overwrite=not resume)
+    with exclusive(out.with_name(out.name + ".lock"), f"the SAE {out}"):  # one trainer; the next one reuses
+        check_sae_folder(out, asdict(cfg), overwrite=not resume)
+        return _train(cfg, batches, d_in, out, resume, progress)
+
+
+def _train(cfg: TrainConfig, batches: Iterator, d_in: int, out: Path, resume: bool, progress: bool):
+    import shutil
+
     import torch
     from sae_lens import SAE
     from sae_lens.config import SAETrainerConfig
     from sae_lens.saes.sae import TrainingSAE
     from sae_lens.training.sae_trainer import SAETrainer
 
-    if cfg.n_tokens < cfg.batch_size:
-        raise WorkbenchError(f"n_tokens={cfg.n_tokens} is below one batch ({cfg.batch_size}): train on more tokens")
     torch.manual_seed(cfg.seed)
-    out = Path(out)
     ckpt_dir = out / "checkpoints"
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
     steps = cfg.n_tokens // cfg.batch_size
     done = read_meta(out)
     if resume and done.get("config") == asdict(cfg) and done.get("tokens_trained", 0) >= steps * cfg.batch_size \
             and (out / "cfg.json").exists():
         log.info("%s is already trained with this config: loaded, not retrained", out)
         return SAE.load_from_disk(str(out))
+    latest = _latest_checkpoint(ckpt_dir) if resume and ckpt_dir.is_dir() else None
+    if latest is None:  # a fresh run: nothing of an earlier SAE (its files, features, checkpoints) survives
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
+        for name in OWNED:
+            (out / name).unlink(missing_ok=True)
+        ckpt_dir.mkdir(parents=True)
+        write_json_atomic(ckpt_dir / CHECKPOINT_CONFIG, asdict(cfg))
     tcfg = SAETrainerConfig(
         total_training_samples=steps * cfg.batch_size, train_batch_size_samples=cfg.batch_size, lr=cfg.lr,
         lr_end=cfg.lr / 10, lr_decay_steps=max(1, steps // 5), lr_warm_up_steps=min(100, steps // 20),
         dead_feature_window=max(50, steps // 10), feature_sampling_window=10**12,  # no wandb sparsity logs
         n_checkpoints=cfg.n_checkpoints, checkpoint_path=str(ckpt_dir), n_batches_for_norm_estimate=20,
     )
-    latest = _latest_checkpoint(ckpt_dir) if resume else None
     sae = TrainingSAE.load_from_disk(latest) if latest else _training_sae(cfg, d_in)
     if sae.cfg.d_in != d_in:
-        raise WorkbenchError(f"SAE d_in {sae.cfg.d_in} does not match the activations' {d_in}: use a fresh --out")
-    if latest and (sae.cfg.metadata.hook_name != cfg.site or sae.cfg.architecture() != cfg.architecture
-                   or (cfg.d_sae and sae.cfg.d_sae != cfg.d_sae)):
-        raise WorkbenchError(f"{out} holds a checkpoint of another SAE ({sae.cfg.metadata.hook_name}, "
-                             f"{sae.cfg.architecture()}, d_sae={sae.cfg.d_sae}): use another name or resume=False")
+        raise WorkbenchError(f"{out} holds a checkpoint with d_in {sae.cfg.d_in}, not the activations' {d_in}: "
+                             "pass --overwrite to replace it")
     trainer = SAETrainer(tcfg, sae, batches)
     if latest:
         trainer.load_trainer_state(latest)
@@ -303,7 +422,7 @@ def train_sae(cfg: TrainConfig, batches: Iterator, d_in: int, out: str | Path, r
     trained.save_inference_model(str(out))
     meta = {"config": asdict(cfg), "tokens_trained": trainer.n_training_samples,
             "steps": trainer.n_training_steps, "d_in": d_in, "d_sae": trained.cfg.d_sae}
-    write_json_atomic(out / META_FILE, meta)
+    write_json_atomic(out / META_FILE, meta)  # last: the record that the SAE in ``out`` is finished
     return SAE.load_from_disk(str(out))
 
 
@@ -397,17 +516,32 @@ def check_site_matches(model, sae, site: str | None = None) -> str:
     if not site:
         raise WorkbenchError("the SAE records no hook_name: pass the site it was trained on")
     check_sites(model, [site])
-    width = model.cfg.d_mlp if ("mlp.hook_post" in site or "mlp.hook_pre" in site) else model.cfg.d_model
+    width = site_width(model, site)
     if sae.cfg.d_in != width:
         raise WorkbenchError(f"SAE d_in={sae.cfg.d_in} does not match {site} of {model.cfg.model_name} "
                              f"(width {width}): use an SAE trained on this model and site")
     return site
 
 
+def site_width(model, site: str) -> int:
+    """The width of a site's activation vectors (d_mlp inside an MLP, else d_model)."""
+    return model.cfg.d_mlp if ("mlp.hook_post" in site or "mlp.hook_pre" in site) else model.cfg.d_model
+
+
 def read_meta(path: str | Path) -> dict:
     """The ``workbench.json`` beside an SAE we trained (empty for foreign SAEs)."""
     file = Path(path) / META_FILE
-    return json.loads(file.read_text()) if file.exists() else {}
+    return _read_json(file) if file.exists() else {}
+
+
+def _read_json(file: Path) -> dict:
+    try:
+        value = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise WorkbenchError(f"{file} is corrupt ({exc}): pass --overwrite to train the SAE afresh") from None
+    if not isinstance(value, dict):
+        raise WorkbenchError(f"{file} is not a JSON object: pass --overwrite to train the SAE afresh")
+    return value
 
 
 def update_meta(path: str | Path, **fields) -> dict:

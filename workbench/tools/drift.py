@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from workbench.errors import WorkbenchError
+
 SIGNATURE = ("h0_death_mean", "h1_count", "h1_persistence_mean", "h1_entropy")
 
 
@@ -89,6 +91,18 @@ def sae_drift(sae, ref: torch.Tensor, got: torch.Tensor) -> dict[str, float]:
             "sae_active_jaccard": jaccard}
 
 
+def check_layers(model, layers: Sequence[int] | None) -> list[int]:
+    """``layers`` as a list if each is a distinct layer of ``model``, else a one-line error (before any work)."""
+    layers = list(layers or [])
+    n = model.cfg.n_layers
+    for L in layers:
+        if isinstance(L, bool) or not isinstance(L, int | np.integer) or not 0 <= L < n:
+            raise WorkbenchError(f"topology layer {L!r} is not a layer of this {n}-layer model: use 0..{n - 1}")
+    if len(set(layers)) < len(layers):
+        raise WorkbenchError(f"topology layers {layers} name a layer twice: list each once")
+    return layers
+
+
 def load_sae_for(model, sae):
     """``sae`` (a trained name, folder, or an SAE already loaded) checked against ``model``; None stays None."""
     if not isinstance(sae, str | Path):
@@ -104,9 +118,12 @@ class DriftMeter:
 
     def __init__(self, model, layers: Sequence[int] | None = None, k: int = 128, sae=None, seed: int = 0):
         """``sae``: an SAE, or a trained SAE's name or folder (loaded and checked against ``model``)."""
+        if not isinstance(k, int) or k < 3:
+            raise WorkbenchError(f"topology_k={k!r}: persistence needs at least 3 token positions per layer")
+        layers = check_layers(model, layers)
         sae = load_sae_for(model, sae)
         self.k, self.sae, self.seed = k, sae, seed
-        self.topology_sites = [f"blocks.{L}.hook_resid_post" for L in (layers or [])]
+        self.topology_sites = [f"blocks.{L}.hook_resid_post" for L in layers]
         self.sae_site = None
         if sae is not None:
             from workbench.sae.train import check_site_matches

@@ -31,6 +31,7 @@ from workbench.errors import WorkbenchError
 from workbench.tools import quant
 from workbench.tools.drift import (
     DriftMeter,
+    check_layers,
     drift_figure,
     has_drift,
     relative_l2,
@@ -276,6 +277,14 @@ def compare_settings(model, token_blocks: torch.Tensor, settings: Sequence[str |
 # ----------------------------------------------------------------------------- study / CLI entry point
 
 
+def check_results_folder(out) -> None:
+    """A results folder (``--out``) that can be written: refused up front, not after the whole evaluation."""
+    from pathlib import Path
+
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        raise WorkbenchError(f"--out {out} is a file: give a folder path")
+
+
 def environment() -> dict:
     """Package versions and machine facts recorded beside every result."""
     import importlib.metadata
@@ -340,8 +349,12 @@ def run_quant_eval(model: str = "smollm2-135m", settings: Sequence[str | dict] |
 
     chosen = list(settings) if settings else list(PRESETS)
     resolved = [resolve_setting(s) for s in chosen]  # fail on a typo before loading anything
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < block_len:
+        raise WorkbenchError(f"n_tokens={n_tokens!r}: evaluate at least one block of {block_len} tokens")
+    check_results_folder(out)
     torch.manual_seed(seed)
     hooked = load_model(model)
+    check_layers(hooked, topology_layers)
     blocks = token_blocks(hooked.tokenizer, n_tokens, block_len, split=split, seed=seed, source=source)
     rows = compare_settings(hooked, blocks, resolved, batch_size=batch_size, drift_blocks=drift_blocks,
                             progress=progress, topology_layers=topology_layers, topology_k=topology_k,

@@ -29,8 +29,8 @@ Reward = Callable[[str, str], float]
 
 
 def _check_sampling(temperature: float, top_p: float, top_k: int, n: int, max_new_tokens: int) -> None:
-    if not temperature >= 0:
-        raise WorkbenchError(f"temperature={temperature} must be >= 0 (0 is greedy).")
+    if not 0 <= temperature < math.inf:
+        raise WorkbenchError(f"temperature={temperature} must be a finite number >= 0 (0 is greedy).")
     if not 0 < top_p <= 1:
         raise WorkbenchError(f"top_p={top_p} must be in (0, 1].")
     if top_k < 0:
@@ -41,19 +41,36 @@ def _check_sampling(temperature: float, top_p: float, top_k: int, n: int, max_ne
         raise WorkbenchError(f"max_new_tokens={max_new_tokens} must be >= 1.")
 
 
-def prompt_ids(model, prompt: str, chat: bool = False, max_tokens: int | None = None) -> list[int]:
-    """Token ids of ``prompt`` (through the chat template when ``chat``), BOS by the model's convention."""
+def prompt_ids(model, prompt: str, chat: bool = False, parse_special: bool = False) -> list[int]:
+    """Token ids of ``prompt`` (through the chat template when ``chat``), BOS by the model's convention.
+
+    Never truncated (callers check the context); the prompt is text unless ``parse_special``: only the
+    template's markup becomes control tokens.
+    """
     from workbench.capture import tokenize
-    from workbench.models import format_chat
+    from workbench.models import chat_record
 
     if not isinstance(prompt, str) or not prompt:
         raise WorkbenchError("prompt must be a non-empty string.")
-    text = format_chat(model, prompt) if chat else prompt
-    ids = tokenize(model, [text], max_tokens or model.cfg.n_ctx)[0][0]
+    text = chat_record(model, prompt)["text"] if chat else prompt
+    ids = tokenize(model, [text], None, parse_special)[0][0]
     bos = model.tokenizer.bos_token_id
     if chat and len(ids) > 1 and ids[0] == ids[1] == bos:  # templates that write the BOS text themselves
         ids = ids[1:]
     return ids
+
+
+def text_ids(model, text: str) -> list[int]:
+    """Ids of a continuation or target string, as text (no BOS, control-token strings not parsed)."""
+    from workbench.capture import encode_text
+
+    return encode_text(model.tokenizer, text)[0]
+
+
+def _check_fits(model, n_tokens: int, what: str) -> None:
+    if n_tokens > model.cfg.n_ctx:
+        raise WorkbenchError(f"{what} is {n_tokens} tokens, more than the context of {model.cfg.model_name} "
+                             f"({model.cfg.n_ctx}): shorten it")
 
 
 def sampling_logprobs(logits: torch.Tensor, temperature: float, top_p: float = 1.0, top_k: int = 0) -> torch.Tensor:
@@ -90,7 +107,7 @@ def _stop_cut(text: str, stop: Sequence[str]) -> int | None:
 
 def generate(model, prompt: str, *, hooks=(), max_new_tokens: int = 64, temperature: float = 0.0,
              top_p: float = 1.0, top_k: int = 0, stop: Sequence[str] = (), chat: bool = False,
-             seed: int = 0, n: int = 1) -> list[dict]:
+             seed: int = 0, n: int = 1, parse_special: bool = False) -> list[dict]:
     """``n`` continuations of ``prompt`` with ``hooks`` active at every step, decoded with a KV cache.
 
     ``hooks`` is a list of ``(hook_name, fn)`` or a callable ``(cache, n_prompt) -> list`` for
@@ -99,12 +116,22 @@ def generate(model, prompt: str, *, hooks=(), max_new_tokens: int = 64, temperat
     Per sample: ``text``, ``tokens``, ``logprob`` (sum of log-probs under the sampling
     distribution: temperature, top-k, top-p applied -- the base sampler of Best-of-N) and
     ``model_logprob`` (under the hooked model at temperature 1), ``stopped`` (eos/stop/length).
-    Deterministic by ``seed``; the n samples share one batched cache.
+    Deterministic by ``seed``; the n samples share one batched cache. The prompt is never cut: a prompt
+    plus ``max_new_tokens`` beyond the model's context is refused, saying how many new tokens fit.
     """
     _check_sampling(temperature, top_p, top_k, n, max_new_tokens)
+    n_ctx = model.cfg.n_ctx
+    if max_new_tokens > n_ctx - 1:
+        raise WorkbenchError(f"max_new_tokens={max_new_tokens} exceeds what the context of {model.cfg.model_name} "
+                             f"allows ({n_ctx} tokens, prompt included): use at most {n_ctx - 1}")
     stop = [stop] if isinstance(stop, str) else [s for s in stop if s]
-    ids = prompt_ids(model, prompt, chat, max(1, model.cfg.n_ctx - max_new_tokens))
+    ids = prompt_ids(model, prompt, chat, parse_special)
     n_prompt = len(ids)
+    if n_prompt + max_new_tokens > n_ctx:
+        fit = max(0, n_ctx - n_prompt)
+        raise WorkbenchError(f"the prompt is {n_prompt} tokens, so with max_new_tokens={max_new_tokens} it exceeds the "
+                             f"context of {model.cfg.model_name} ({n_ctx} tokens): "
+                             + (f"at most {fit} new tokens fit" if fit else "shorten the prompt"))
     device = model.cfg.device
     gen = torch.Generator().manual_seed(int(seed))
     eos = model.tokenizer.eos_token_id
@@ -153,12 +180,13 @@ def generate(model, prompt: str, *, hooks=(), max_new_tokens: int = 64, temperat
 
 def target_logprob_reward(model, target: str, hooks: Sequence[Hook] = (), chat: bool = False) -> Reward:
     """Reward = log p(target | prompt + sample) under ``model`` (a reference model, or the hooked one)."""
-    if not target:
+    if not isinstance(target, str) or not target:
         raise WorkbenchError("the reward target must be a non-empty string.")
-    target_ids = model.tokenizer(target, add_special_tokens=False)["input_ids"]
+    target_ids = text_ids(model, target)
 
     def reward(prompt: str, sample: str) -> float:
-        ids = prompt_ids(model, prompt, chat) + model.tokenizer(sample, add_special_tokens=False)["input_ids"]
+        ids = prompt_ids(model, prompt, chat) + text_ids(model, sample)
+        _check_fits(model, len(ids) + len(target_ids), "prompt + sample + reward target")
         x = torch.tensor([ids + target_ids], device=model.cfg.device)
         with torch.inference_mode(), model.hooks(fwd_hooks=list(hooks)):
             logp = model(x)[0, len(ids) - 1 : -1].float().log_softmax(-1)
@@ -182,7 +210,8 @@ def probe_reward(model, site: str, direction, chat: bool = False, positions: str
 
     def reward(prompt: str, sample: str) -> float:
         ids = prompt_ids(model, prompt, chat)
-        sample_ids = model.tokenizer(sample, add_special_tokens=False)["input_ids"]
+        sample_ids = text_ids(model, sample)
+        _check_fits(model, len(ids) + len(sample_ids), "prompt + sample")
         x = torch.tensor([ids + sample_ids], device=model.cfg.device)
         with torch.inference_mode():
             _, cache = model.run_with_cache(x, names_filter=[site])
@@ -322,84 +351,115 @@ def best_of_n(model, prompt: str, reward: Reward, n: int = 8, *, seed: int = 0, 
 # ----------------------------------------------------------------------------- CLI entry
 
 
+_STEER_USAGE = {"neuron": "neuron:LAYER:INDEX:SCALE", "feature": "feature:SAE:INDEX:SCALE",
+                "quant": "quant:stampBITS, e.g. quant:stamp4"}
+
+
+def parse_steer(spec: str | None) -> list[tuple]:
+    """The parts of a ``--steer`` spec, checked before any model loads: ``("neuron", layer, idx, scale)``,
+    ``("feature", sae, idx, scale)`` or ``("quant", bits)``."""
+    from workbench.tools.quant import check_bits
+
+    if not spec:
+        return []
+    parts = []
+    for part in spec.split(","):
+        part = part.strip()
+        kind, _, rest = part.partition(":")
+        if kind not in _STEER_USAGE or (kind == "quant" and not rest.startswith("stamp")):
+            raise WorkbenchError(f"steer spec {part!r}: use {', '.join(_STEER_USAGE.values())}; join several with ','.")
+        try:
+            if kind == "quant":
+                parts.append(("quant", int(rest[len("stamp"):] or 4)))
+                check_bits(parts[-1][1])
+                continue
+            head, idx, scale = rest.split(":") if kind == "neuron" else rest.rsplit(":", 2)
+            parts.append((kind, int(head) if kind == "neuron" else head, int(idx), float(scale)))
+        except ValueError:
+            raise WorkbenchError(f"steer spec {part!r}: expected {_STEER_USAGE[kind]}.") from None
+        if (kind == "feature" and not head) or parts[-1][2] < 0 or not math.isfinite(parts[-1][3]):
+            raise WorkbenchError(f"steer spec {part!r}: expected {_STEER_USAGE[kind]} with a name, an index >= 0 "
+                                 "and a finite scale.")
+    return parts
+
+
 def steer_hooks(model, spec: str | None) -> list[Hook]:
     """Hooks from a CLI spec: ``neuron:L:idx:scale`` (multiply MLP neuron idx at layer L by scale),
     ``feature:SAE:idx:scale`` (add scale x the unit decoder direction of a trained SAE's feature idx at
     its site), ``quant:stamp4`` / ``quant:stampB`` (STaMP activations at B bits), several joined by ``,``."""
-    if not spec:
-        return []
     hooks: list[Hook] = []
-    for part in spec.split(","):
-        kind, _, rest = part.strip().partition(":")
+    for kind, *args in parse_steer(spec):
         if kind == "neuron":
             from workbench.sae.interventions import neuron_hook
 
-            try:
-                layer, idx, scale = rest.split(":")
-                layer, idx, scale = int(layer), int(idx), float(scale)
-            except ValueError:
-                raise WorkbenchError(f"steer spec {part!r}: expected neuron:LAYER:INDEX:SCALE.") from None
+            layer, idx, scale = args
             if not 0 <= layer < model.cfg.n_layers or not 0 <= idx < model.cfg.d_mlp:
-                raise WorkbenchError(f"steer spec {part!r}: layer must be < {model.cfg.n_layers} "
+                raise WorkbenchError(f"steer spec neuron:{layer}:{idx}:{scale}: layer must be < {model.cfg.n_layers} "
                                      f"and index < {model.cfg.d_mlp}.")
             hooks.append((f"blocks.{layer}.mlp.hook_post", neuron_hook([idx], scale - 1)))
         elif kind == "feature":
             from workbench.sae.interventions import intervention
             from workbench.sae.load import load_sae
 
-            try:
-                name, idx, scale = rest.rsplit(":", 2)
-                idx, scale = int(idx), float(scale)
-            except ValueError:
-                raise WorkbenchError(f"steer spec {part!r}: expected feature:SAE:INDEX:SCALE.") from None
+            name, idx, scale = args
             hooks += intervention(model, load_sae(name, model=model), "feature", idx, scale)[0]
-        elif kind == "quant" and rest.startswith("stamp"):
+        else:
             from workbench.tools.quant import stamp_hooks
 
-            try:
-                bits = int(rest[len("stamp"):] or 4)
-            except ValueError:
-                raise WorkbenchError(f"steer spec {part!r}: expected quant:stampBITS, e.g. quant:stamp4.") from None
-            hooks += stamp_hooks(model, bits=bits, sink_tokens=1)
-        else:
-            raise WorkbenchError(f"steer spec {part!r}: use neuron:LAYER:INDEX:SCALE, feature:SAE:INDEX:SCALE "
-                                 "or quant:stamp4.")
+            hooks += stamp_hooks(model, bits=args[0], sink_tokens=1)
     return hooks
+
+
+def parse_reward(spec: str | None) -> str | None:
+    """The target text of a ``--reward target:TEXT`` spec (None without one), checked before any model loads."""
+    if spec is None:
+        return None
+    kind, _, target = spec.partition(":")
+    if kind.strip() != "target" or not target.strip():
+        raise WorkbenchError(f"reward {spec!r}: use target:TEXT (log-probability of a non-empty TEXT after the sample).")
+    return target
 
 
 def _cli_reward(model, spec: str | None) -> Reward | None:
     """``target:TEXT`` (log-prob of TEXT after the sample under the unhooked model) or None."""
-    if not spec:
-        return None
-    kind, _, arg = spec.partition(":")
-    if kind == "target":
-        return target_logprob_reward(model, arg)
-    raise WorkbenchError(f"reward {spec!r}: use target:TEXT (log-probability of TEXT after the sample).")
+    target = parse_reward(spec)
+    return None if target is None else target_logprob_reward(model, target)
 
 
 def run_generate(model: str = "smollm2-135m", prompt: str = "", max_new_tokens: int = 64,
                  temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, stop: Sequence[str] = (),
                  chat: bool = False, best_of: int = 1, lam: float | None = None, reward: str | None = None,
-                 steer: str | None = None, seed: int = 0) -> dict:
+                 steer: str | None = None, seed: int = 0, parse_special: bool = False) -> dict:
     """``workbench generate``: plain generation, or (Soft) Best-of-N when ``best_of > 1``.
 
     ``lam`` None is hard Best-of-N; ``reward`` is ``target:TEXT`` (required with ``best_of > 1``).
-    The reward is scored by the unsteered model, so steering is judged from outside.
+    The reward is scored by the unsteered model, so steering is judged from outside. Every value is
+    checked before the model loads; what needs the model (context length, layer ranges) right after.
     """
     from workbench.models import load_model
 
+    if not isinstance(prompt, str) or not prompt:
+        raise WorkbenchError("--prompt must be a non-empty string.")
     if best_of < 1:
         raise WorkbenchError(f"best_of={best_of} must be >= 1.")
+    _check_sampling(temperature, top_p, top_k, best_of, max_new_tokens)
+    if lam is not None and not lam > 0:
+        raise WorkbenchError(f"--lambda {lam} must be > 0 (omit it for hard Best-of-N).")
+    if best_of == 1 and (lam is not None or reward is not None):
+        raise WorkbenchError("--lambda and --reward select among samples: use them with --best-of > 1.")
+    if best_of > 1 and reward is None:
+        raise WorkbenchError("--best-of > 1 needs a reward, e.g. --reward 'target: Paris'.")
+    parse_reward(reward)
+    parse_steer(steer)
     m = load_model(model)
     hooks = steer_hooks(m, steer)
-    kwargs = dict(hooks=hooks, max_new_tokens=max_new_tokens, top_p=top_p, top_k=top_k, stop=stop, chat=chat)
+    kwargs = dict(hooks=hooks, max_new_tokens=max_new_tokens, top_p=top_p, top_k=top_k, stop=stop, chat=chat,
+                  parse_special=parse_special)
     base = {"model": model, "prompt": prompt, "steer": steer, "seed": seed}
     if best_of == 1:
         s = generate(m, prompt, temperature=temperature, seed=seed, **kwargs)[0]
         return {**base, "text": s["text"], "sample": s}
     r = _cli_reward(m, reward)
-    if r is None:
-        raise WorkbenchError("--best-of > 1 needs a reward, e.g. --reward 'target: Paris'.")
     temperature = temperature or 1.0
     if lam is None:
         out = best_of_n(m, prompt, r, best_of, seed=seed, temperature=temperature, **kwargs)

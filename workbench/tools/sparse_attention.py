@@ -469,12 +469,41 @@ def decode(model, tokens: torch.Tensor, n_prefill: int, selector: Selector, pref
 # ----------------------------------------------------------------------------- evaluation
 
 
-def parse_method(spec: str) -> tuple[str, str | None]:
-    """``"tactic:0.9"`` -> ``("tactic", "0.9")``; ``"topk:auto"`` takes Tactic's measured budget."""
-    name, _, param = spec.partition(":")
+MASS_METHODS = ("topp", "tactic")  # their parameter is P, the attention mass kept; the others' a budget in keys
+
+
+def parse_method(spec: str) -> tuple[str, float | int | str | None]:
+    """``"tactic:0.9"`` -> ``("tactic", 0.9)``, ``"topk:64"`` -> ``("topk", 64)``, ``"topk:auto"`` (Tactic's
+    measured budget) -> ``("topk", "auto")``, no parameter -> None; a bad one is a one-line error."""
+    name, _, param = spec.strip().partition(":")
     if name not in SELECTORS:
         raise WorkbenchError(f"Unknown sparse-attention method {name!r}: choose one of {', '.join(SELECTORS)}.")
-    return name, param or None
+    if not param:
+        return name, None
+    if name == "full":
+        raise WorkbenchError(f"{spec!r}: full attention takes no parameter; write 'full'.")
+    if param == "auto" and name not in MASS_METHODS:
+        return name, "auto"
+    try:
+        value = float(param) if name in MASS_METHODS else int(param)
+    except ValueError:
+        what = "P in (0, 1], e.g. 0.9" if name in MASS_METHODS else "a budget in keys (a positive integer) or auto"
+        raise WorkbenchError(f"Bad parameter {param!r} for {name}: use {what}.") from None
+    if name in MASS_METHODS:
+        _check_p(value)
+    else:
+        _check_positive(f"{name} budget", value)
+    return name, value
+
+
+def parse_methods(methods: Sequence[str]) -> list[tuple[str, float | int | str | None]]:
+    """Every method parsed and checked up front, so a typo fails before the model runs."""
+    parsed = [parse_method(m) for m in methods]
+    names = [name for name, _ in parsed]
+    for i, (name, param) in enumerate(parsed):
+        if param == "auto" and "tactic" not in names[:i]:
+            raise WorkbenchError(f"Budget 'auto' ({name}:auto) needs a tactic method listed before it.")
+    return parsed
 
 
 def compare_attention(model, tokens: torch.Tensor, n_prefill: int, methods: Sequence[str],
@@ -495,7 +524,7 @@ def compare_attention(model, tokens: torch.Tensor, n_prefill: int, methods: Sequ
 
     from workbench.tools.drift import DriftMeter
 
-    parsed = [parse_method(m) for m in methods]
+    parsed = parse_methods(methods)
     meter = DriftMeter(model, topology_layers, topology_k, sae, seed)
     pre = prefill(model, tokens[:, :n_prefill], chunk)
     reference = decode(model, tokens, n_prefill, Full(), prefilled=pre, progress=progress, record_sites=meter.sites)
@@ -506,18 +535,12 @@ def compare_attention(model, tokens: torch.Tensor, n_prefill: int, methods: Sequ
     rows, tactic_budget = [], None
     for name, param in parsed:
         if param == "auto":
-            if tactic_budget is None:
-                raise WorkbenchError("Budget 'auto' needs a tactic method listed before it.")
             value = tactic_budget
         elif param is not None:
-            try:
-                value = float(param) if name in ("topp", "tactic") else int(param)
-            except ValueError:
-                raise WorkbenchError(f"Bad parameter {param!r} for {name}: a number (P or a budget in keys).") from None
+            value = param
         else:
-            value = 0.9 if name in ("topp", "tactic") else 256
-        selector = make_selector(name, p=value, budget=value) if name in ("topp", "tactic") else make_selector(
-            name, budget=value)
+            value = 0.9 if name in MASS_METHODS else 256
+        selector = make_selector(name, p=value) if name in MASS_METHODS else make_selector(name, budget=value)
         t0 = time.perf_counter()
         out = decode(model, tokens, n_prefill, selector, prefilled=pre, progress=progress, record_sites=meter.sites)
         seconds = time.perf_counter() - t0
@@ -660,11 +683,16 @@ def run_attention_eval(model: str = "smollm2-135m", methods: Sequence[str] | Non
 
     methods = list(methods) if methods else ["full", "topp:0.9", "tactic:0.9", "topk:auto", "quest:auto",
                                              "streaming:auto", "h2o:auto"]
-    for m in methods:
-        parse_method(m)
+    from workbench.tools.drift import check_layers
+    from workbench.tools.evaluate import check_results_folder
+
+    parse_methods(methods)
+    _check_positive("context", context)
     _check_positive("decode_steps", decode_steps)
+    check_results_folder(out)
     torch.manual_seed(seed)
     hooked = load_model(model)
+    check_layers(hooked, topology_layers)
     n_ctx = hooked.cfg.n_ctx
     if context + decode_steps + 1 > n_ctx:
         raise WorkbenchError(f"context + decode_steps = {context + decode_steps} exceeds {model}'s context of {n_ctx}.")

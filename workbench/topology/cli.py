@@ -20,11 +20,15 @@ import numpy as np
 from workbench.errors import WorkbenchError
 
 FORMAT = "workbench.diagrams/1"
+METRICS = ("euclidean", "cosine")  # what `workbench topology` offers (kernels' sqeuclidean is no metric)
+MAXDIMS = (0, 1, 2)
 
 
 def load_points(path) -> np.ndarray:
     """An array from a .npy file (or a .npz holding exactly one array), without pickles."""
     path = Path(path)
+    if path.is_dir():
+        raise WorkbenchError(f"points path {path} is a folder: give a .npy or .npz file")
     if not path.is_file():
         raise WorkbenchError(f"points file not found: {path}")
     try:
@@ -70,13 +74,26 @@ def save_diagrams(result, path) -> dict:
         "bottleneck_bound": float(result.bottleneck_bound),
         "backend": result.backend,
     }
-    Path(path).write_text(json.dumps(doc))
+    Path(path).write_text(json.dumps(doc, allow_nan=False))  # never NaN: it is not JSON
     return doc
 
 
 def load_diagrams(path) -> list[np.ndarray]:
     """Diagrams from a ``diagrams.json`` (null deaths back to inf), one (n, 2) array per dimension."""
     return diagrams_from_lists(json.loads(Path(path).read_text())["dgms"])
+
+
+def check_options(n_points: int, maxdim, metric, landmarks, thresh) -> None:
+    """The settings of ``workbench topology`` for a cloud of ``n_points``, or a one-line error."""
+    if maxdim not in MAXDIMS:
+        raise WorkbenchError(f"--maxdim must be 0, 1 or 2; got {maxdim}")
+    if metric not in METRICS:
+        raise WorkbenchError(f"unknown metric {metric!r}: use {' or '.join(METRICS)}")
+    if landmarks is not None and not 3 <= landmarks <= n_points:
+        raise WorkbenchError(f"--landmarks must be between 3 and the {n_points} points; got {landmarks} "
+                             "(omit it to use every point)")
+    if thresh is not None and not (math.isfinite(thresh) and thresh > 0):
+        raise WorkbenchError(f"--thresh must be a positive finite distance; got {thresh} (omit it for no threshold)")
 
 
 def run_topology_file(
@@ -91,21 +108,26 @@ def run_topology_file(
 
     ``points`` is a path to .npy/.npz or an array. Returns a summary dict (bar counts and
     longest finite bar per dimension, error bound, timings, file paths) for the CLI to print.
+    Every argument is checked before anything is computed or written.
     """
     from workbench.topology.persistence import rips_persistence
     from workbench.topology.plots import diagram_figure
+    from workbench.topology.validate import as_points
 
-    X = load_points(points) if isinstance(points, (str, Path)) else points
+    name = Path(points).name if isinstance(points, (str, Path)) else "points"
+    X = as_points(load_points(points) if isinstance(points, (str, Path)) else points, name)
+    check_options(len(X), maxdim, metric, landmarks, thresh)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise WorkbenchError(f"--out {out} is a file: give a folder path")
     start = time.perf_counter()
     result = rips_persistence(
         X, maxdim=maxdim, metric=metric, thresh=math.inf if thresh is None else thresh, landmarks=landmarks
     )
     seconds = time.perf_counter() - start
+    out.mkdir(parents=True, exist_ok=True)
     json_path, html_path = out / "diagrams.json", out / "diagram.html"
     save_diagrams(result, json_path)
-    name = Path(points).name if isinstance(points, (str, Path)) else "points"
     title = f"{name}: Rips H0-H{result.maxdim}, {metric}, {result.n_points} points"
     if result.landmarks is not None:
         title += f" ({len(result.landmarks)} landmarks, bottleneck error <= {result.bottleneck_bound:.3g})"

@@ -252,6 +252,8 @@ def rips_persistence(
     if maxdim < 0:
         raise WorkbenchError(f"maxdim must be >= 0; got {maxdim}")
     thresh = math.inf if thresh is None else float(thresh)
+    if not thresh > 0:  # NaN compares false: it would cut every edge and give one bar per point
+        raise WorkbenchError(f"thresh must be a positive distance (or omitted for no threshold); got {thresh}")
     if distance_matrix:
         D = _as_distance_matrix(X)
         n_points = len(D)

@@ -34,6 +34,8 @@ def as_points(points, name: str = "points") -> np.ndarray:
         raise WorkbenchError(f"{name} could not be read as a numeric array: {err}") from err
     if X.dtype == object or not (np.issubdtype(X.dtype, np.number) or X.dtype == bool):
         raise WorkbenchError(f"{name} must be numeric; got dtype {X.dtype}")
+    if X.dtype.kind == "c":  # a cast would drop the imaginary parts without a word
+        raise WorkbenchError(f"{name} is complex ({X.dtype}); pass real coordinates, e.g. np.c_[z.real, z.imag]")
     if X.ndim != 2:
         hint = (
             " (a single point cloud is n_points x dim; reshape 1-D data with x[:, None])"
