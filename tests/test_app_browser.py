@@ -6,15 +6,11 @@ Screenshots land in test-artifacts/ (gitignored) for a person to look at.
 
 import os
 import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from tests.streamlit_server import streamlit_app
 from tests.test_app import make_probe_report, make_sae
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -32,42 +28,15 @@ pytestmark = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def app_url(tiny, tmp_path_factory):
     """`streamlit run apps/main.py` (apps/.streamlit/config.toml: 127.0.0.1 only) on a free port."""
     run = make_probe_report(tiny, tmp_path_factory.getbasetemp() / "app-probe")
     sae = make_sae(tiny, tmp_path_factory.getbasetemp() / "app-sae")
-    port = free_port()
     env = {**os.environ, "WORKBENCH_APP_RUN": str(run), "WORKBENCH_APP_MODEL": "tiny", "WORKBENCH_APP_SAES": str(sae.parent),
            "WORKBENCH_CACHE": str(tmp_path_factory.mktemp("cache")), "OMP_NUM_THREADS": "1"}
-    log = (tmp_path_factory.getbasetemp() / "streamlit.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "apps/main.py", "--server.port", str(port)],
-                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 90
-        while True:
-            try:
-                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
-                    break
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    pytest.fail(f"streamlit did not start: {Path(log.name).read_text()[-2000:]}")
-                time.sleep(0.5)
+    with streamlit_app("apps/main.py", REPO, env, tmp_path_factory.getbasetemp() / "streamlit.log") as (url, _):
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 @pytest.fixture(scope="module")

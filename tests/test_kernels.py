@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 from scipy.spatial.distance import cdist
+from workbench.kernels import iter_distance_blocks, knn, pairwise_distances, radius_edges
 
-from kernels import iter_distance_blocks, knn, pairwise_distances, radius_edges
 from workbench.errors import WorkbenchError
 
 METRICS = ["euclidean", "sqeuclidean", "cosine"]
@@ -123,7 +123,7 @@ def test_forcing_triton_on_cpu_without_interpreter_is_a_clear_error(monkeypatch)
 _TRITON_SCRIPT = """
 import numpy as np
 from scipy.spatial.distance import cdist
-from kernels import pairwise_distances
+from workbench.kernels import pairwise_distances
 rng = np.random.default_rng(5)
 worst = 0.0
 for metric in ("euclidean", "sqeuclidean", "cosine"):
@@ -181,7 +181,7 @@ def test_small_distances_are_accurate_in_tight_far_clusters(metric):
 def test_triton_kernel_compiles_for_h100_without_a_gpu():
     pytest.importorskip("triton")
     script = (
-        "from kernels.triton_distances import compile_for\n"
+        "from workbench.kernels.triton_distances import compile_for\n"
         "c = compile_for(90)\n"
         "assert len(c.asm['cubin']) > 1000 and '.target sm_90' in c.asm['ptx']\n"
         "print('ok')\n"

@@ -6,8 +6,8 @@ import gudhi
 import numpy as np
 import pytest
 import ripser
+from workbench.kernels import pairwise_distances
 
-from kernels import pairwise_distances
 from workbench.errors import WorkbenchError
 from workbench.topology.persistence import (
     alpha_persistence,

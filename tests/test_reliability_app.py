@@ -6,13 +6,12 @@ the folder box and the output-folder box all go through it, and that a refused o
 
 import os
 import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+
+from tests.streamlit_server import streamlit_app
 
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
@@ -181,32 +180,10 @@ def listening_addresses(port: int) -> set[str]:
 @pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads Linux's /proc/net/tcp")
 @pytest.mark.timeout(150)
 def test_started_from_another_directory_it_listens_on_loopback_only(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMLIT_")}
     env |= {"HOME": str(tmp_path), "WORKBENCH_CACHE": str(tmp_path / "cache")}  # no ~/.streamlit of the user's
-    log = (tmp_path / "streamlit.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", MAIN, "--server.port", str(port)],
-                            cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.time() + 90
-        while True:
-            try:
-                if urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2).read() == b"ok":
-                    break
-            except OSError:
-                assert proc.poll() is None and time.time() < deadline, (tmp_path / "streamlit.log").read_text()
-                time.sleep(0.5)
+    with streamlit_app(MAIN, tmp_path, env, tmp_path / "streamlit.log") as (_, port):
         assert listening_addresses(port) == {"127.0.0.1"}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 def test_listening_addresses_reads_proc_correctly():

@@ -1,7 +1,7 @@
 """Interference between SAE features: decoder geometry, semantic relatedness, co-activation, shared neurons.
 
 Interference(i, j) = |cos(W_dec[i], W_dec[j])| (sign aside, two directions that overlap read into
-each other). All pairs are visited through ``kernels.distances.iter_distance_blocks`` (row blocks of
+each other). All pairs are visited through ``workbench.kernels.distances.iter_distance_blocks`` (row blocks of
 the cosine-distance matrix), keeping only the top-k partners of each feature and bin counts, so the
 d_sae x d_sae matrix never exists. Semantic relatedness = cosine of description embeddings, grouped
 by agglomerative clustering (average linkage, cosine distance) at the reference cutoffs.
@@ -46,7 +46,7 @@ def interference_scan(sae, k: int = 32, block_size: int = 1024, bins=BINS) -> di
     """
     import torch
 
-    from kernels.distances import iter_distance_blocks
+    from workbench.kernels.distances import iter_distance_blocks
 
     W = _decoder(sae)
     n = len(W)

@@ -8,7 +8,7 @@ Zero-length bars (duplicate points, simultaneous edges) are dropped, as ripser d
 H0 is computed from the minimum spanning tree (its edge lengths are exactly the H0 deaths)
 and never goes through ripser: dense Prim up to ``DENSE_H0_MAX`` points, above that a
 Borůvka variant over cached k-nearest-neighbour lists that never holds the n x n matrix.
-H1 and up go to giotto-ph (threads) on a distance matrix from ``kernels``, ripser as fallback.
+H1 and up go to giotto-ph (threads) on a distance matrix from ``workbench.kernels``, ripser as fallback.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def mst_weights_blocked(X, metric: str = "euclidean", k: int = 16, block_size: i
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
-    from kernels import iter_distance_blocks, knn
+    from workbench.kernels import iter_distance_blocks, knn
 
     n = len(X)
     k = min(k, n - 1)
@@ -203,7 +203,7 @@ def h0_persistence(
 
 def dense_distances(P: np.ndarray, metric: str, device: str | None = None) -> np.ndarray:
     """The distance matrix as NumPy, computed on ``device`` (a torch device name) when given."""
-    from kernels import pairwise_distances
+    from workbench.kernels import pairwise_distances
 
     if device is None:
         return pairwise_distances(P, metric=metric)
@@ -296,7 +296,7 @@ def rips_persistence(
 
 def choose_landmarks(P, m: int, method: str = "maxmin", metric: str = "euclidean", seed: int = 0):
     """``(indices, hausdorff)``: m landmark rows and the largest distance from a point to its nearest landmark."""
-    from kernels import knn, maxmin_subsample
+    from workbench.kernels import knn, maxmin_subsample
 
     if method == "maxmin":
         return maxmin_subsample(P, m, metric=metric, start=int(np.random.default_rng(seed).integers(len(P))))
@@ -313,7 +313,7 @@ def _sparse_distances(P: np.ndarray, thresh: float, metric: str):
     """Upper-triangular sparse matrix of the edges no longer than ``thresh`` (absent = infinite)."""
     from scipy.sparse import coo_matrix
 
-    from kernels import radius_edges
+    from workbench.kernels import radius_edges
 
     i, j, d = radius_edges(P, thresh, metric=metric)
     log.info("sparse Rips: %d edges below thresh=%g among %d points", d.size, thresh, len(P))

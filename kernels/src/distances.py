@@ -11,7 +11,7 @@ it accurate for nearly parallel vectors. Self-distances are exactly symmetric wi
 zero diagonal.
 
 CUDA tensors in float32 (or half precision, computed in float32) go through the Triton
-kernel (``kernels.triton_distances``); float64 and CPU tensors through torch. ``backend="triton"`` forces the kernel (on CPU tensors it
+kernel (``workbench.kernels.triton_distances``); float64 and CPU tensors through torch. ``backend="triton"`` forces the kernel (on CPU tensors it
 needs ``TRITON_INTERPRET=1``). NumPy inputs give NumPy outputs, tensors give tensors.
 """
 
@@ -23,8 +23,9 @@ from typing import Literal, NamedTuple
 import numpy as np
 import torch
 
-from kernels import triton_distances
 from workbench.errors import WorkbenchError
+
+from . import triton_distances
 
 Metric = Literal["euclidean", "sqeuclidean", "cosine"]
 Backend = Literal["auto", "torch", "triton"]

@@ -6,7 +6,7 @@ decorated with ``@triton.jit``, and ``triton.language`` decorates its own helper
 is imported, so ``TRITON_INTERPRET=1`` must be set before triton is first imported in the
 process (tests run the kernel in a subprocess for that reason); it then runs on CPU tensors.
 
-The kernel takes inputs already centered (see ``kernels.distances``) and their squared
+The kernel takes inputs already centered (see ``workbench.kernels.distances``) and their squared
 norms, and computes ``max(|x|^2 + |y|^2 - 2 x.y, 0)`` tile by tile with an fp32 (IEEE, not
 TF32) accumulator. For self-distances only the upper triangle of tiles is computed and
 mirrored, diagonal tiles are averaged with their transpose, and the diagonal is set to 0,

@@ -1,5 +1,0 @@
-"""Distance kernels: a Triton kernel on CUDA, a torch path elsewhere (see ``kernels.distances``)."""
-
-from kernels.distances import iter_distance_blocks, knn, maxmin_subsample, pairwise_distances, radius_edges
-
-__all__ = ["iter_distance_blocks", "knn", "maxmin_subsample", "pairwise_distances", "radius_edges"]
