@@ -30,6 +30,7 @@ probe: setup
 
 test: setup browser
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest $(ARGS)
 
 app: setup

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
+from workbench.report import versions
 from workbench.tools import sparse_attention as sa
-from workbench.tools.evaluate import environment
 
 
 def model_qkv(model_name: str, layer: int, n: int, chunk: int = 512):
@@ -118,7 +118,7 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"model": args.model, "layer": args.layer, "p": args.p, "queries": args.queries,
-                               "repeats": args.repeats, "environment": environment(), "rows": rows}, indent=2))
+                               "repeats": args.repeats, "versions": versions(), "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

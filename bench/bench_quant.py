@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from workbench.tools.evaluate import PRESETS, apply_setting, environment
+from workbench.report import versions
+from workbench.tools.quant_eval import PRESETS, apply_setting
 
 SETTINGS = [
     "A8",
@@ -86,7 +87,7 @@ def main() -> None:
                 "batch": args.batch,
                 "seq": args.seq,
                 "repeats": args.repeats,
-                "environment": environment(),
+                "versions": versions(),
                 "rows": rows,
             },
             indent=2,

@@ -22,7 +22,8 @@ SMALL = dict(model="tiny", n_pairs=24, k=12, K=6, n_parts=2, n_boot=50, n_perm=1
 
 def make_probe_report(tiny, folder: Path) -> Path:
     """A real, small probe report (resumes from its cache when the folder exists)."""
-    from workbench.probe import ProbeConfig, run_probe
+    from workbench.commands.probe import run_probe
+    from workbench.probe import ProbeConfig
 
     run_probe(tiny, ProbeConfig(**SMALL), folder, progress=False)
     return folder
@@ -262,8 +263,9 @@ def test_features_page_lists_unrelated_interfering_pairs(app_env, sae_dir, tiny,
 
     import numpy as np
 
-    from workbench.sae.cli import EMBEDDINGS_FILE, run_interference
+    from workbench.commands.sae import run_interference
     from workbench.sae.features import embed_texts
+    from workbench.sae.train import EMBEDDINGS_FILE
 
     copy = app_env / "saes" / sae_dir.name
     shutil.copytree(sae_dir, copy)

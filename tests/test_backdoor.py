@@ -9,11 +9,10 @@ from workbench.backdoor import (
     backdoor_pairs,
     backdoor_prompts,
     insert_trigger,
-    run_backdoor_eval,
-    run_backdoor_train,
     train_backdoor,
     triggered_loss,
 )
+from workbench.commands.backdoor import run_backdoor_eval, run_backdoor_train
 from workbench.data.backdoor import heldout, mcq_bank
 from workbench.errors import WorkbenchError
 

@@ -5,14 +5,13 @@ import pytest
 from typer.testing import CliRunner
 
 from workbench.cli import app
+from workbench.commands.detect import load_detector, train_detector
 from workbench.detect import (
     DetectorConfig,
     fit_logistic,
-    load_detector,
     reference_features,
     score_logistic,
     score_prompts,
-    train_detector,
 )
 from workbench.errors import WorkbenchError
 

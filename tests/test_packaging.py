@@ -55,3 +55,21 @@ def test_transformers_kernels_check_is_unaffected_by_the_checkout(tmp_path):
     origin = from_root[1]
     assert origin is None or not Path(origin).resolve().is_relative_to(ROOT / "kernels")
     assert from_root[2] == "workbench.kernels"
+
+
+def test_kernels_import_only_arrays_and_errors():
+    # import-linter walks workbench/ only; the kernels (kernels/src) get the same rule here: no model code.
+    import ast
+
+    allowed = {"torch", "numpy", "triton", "os", "functools", "collections", "typing", "__future__", "math",
+               "workbench.errors"}
+    for path in (ROOT / "kernels" / "src").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                assert any(name == a or name.startswith(a + ".") for a in allowed), f"{path.name} imports {name}"

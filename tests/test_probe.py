@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 
 from workbench.capture import capture
+from workbench.commands.probe import run_probe
 from workbench.errors import WorkbenchError
 from workbench.probe import (
     ProbeConfig,
     analyze_layer,
     class_clouds,
     moved_features,
-    run_probe,
     signature_agreement,
 )
 

@@ -5,8 +5,10 @@ import math
 import pytest
 import torch
 
+from workbench.commands.quant import run_quant_eval
 from workbench.errors import WorkbenchError
-from workbench.tools import evaluate, quant
+from workbench.tools import quant
+from workbench.tools import quant_eval as evaluate
 
 
 def correlated_tokens(s=256, d=64, seed=0):
@@ -277,16 +279,16 @@ def test_run_quant_eval_writes_results(tmp_path):
     import json
 
     (tmp_path / "text.txt").write_text("Plain words for a short test of the quantization study. " * 40)
-    rows = evaluate.run_quant_eval("tiny", ["A8", "A4+STaMP+sink"], out=tmp_path / "out", n_tokens=256,
+    rows = run_quant_eval("tiny", ["A8", "A4+STaMP+sink"], out=tmp_path / "out", n_tokens=256,
                                    block_len=64, split="all", source=str(tmp_path / "text.txt"),
                                    drift_blocks=1, progress=False)
     assert [r["setting"] for r in rows] == ["float", "A8", "A4+STaMP+sink"]
     record = json.loads((tmp_path / "out" / "results.json").read_text())
-    assert record["environment"]["packages"]["torch"] and record["config"]["block_len"] == 64
+    assert record["versions"]["torch"] and record["config"]["block_len"] == 64
     assert (tmp_path / "out" / "results.csv").read_text().count("\n") == 4
     assert (tmp_path / "out" / "figure.html").stat().st_size > 1000
     with pytest.raises(WorkbenchError, match="Unknown quantization setting"):
-        evaluate.run_quant_eval("tiny", ["A5"])
+        run_quant_eval("tiny", ["A5"])
 
 
 def test_topology_and_sae_drift_are_zero_for_float_and_grow_with_coarser_quantization(tiny):

@@ -267,13 +267,13 @@ def _study(tmp_path, **fixed) -> Path:
 
     path = tmp_path / "study" / "config.yaml"
     path.parent.mkdir(exist_ok=True)
-    path.write_text(yaml.safe_dump({"name": "keyed", "seed": 1, "job": "workbench.study_jobs:cloud_topology",
+    path.write_text(yaml.safe_dump({"name": "keyed", "seed": 1, "job": "workbench.commands.study_jobs:cloud_topology",
                                     "grid": {"noise": [0.1]}, "fixed": {"n": 30, **fixed}}))
     return path
 
 
 def test_a_study_job_is_recomputed_when_any_of_its_inputs_changes(tmp_path, monkeypatch):
-    from workbench.study import run_study
+    from workbench.commands.study import run_study
 
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
     jobs = tmp_path / "jobs"
@@ -375,7 +375,7 @@ def test_a_study_name_cannot_leave_the_cache(env, tmp_path, name):
     cache, _ = env
     config = tmp_path / "s" / "config.yaml"
     config.parent.mkdir()
-    config.write_text(yaml.safe_dump({"name": name, "job": "workbench.study_jobs:cloud_topology",
+    config.write_text(yaml.safe_dump({"name": name, "job": "workbench.commands.study_jobs:cloud_topology",
                                       "grid": {"noise": [0.1]}}))
     expect = "must be text" if not isinstance(name, str) else "study name"
     assert_refused(["study", "run", config], expect=expect, watch=(tmp_path,))
@@ -387,7 +387,7 @@ def test_a_study_name_cannot_leave_the_cache(env, tmp_path, name):
     (["--engine", "slurm"], None, "unknown engine"),
     (["--out", "FILE"], None, "is a file"),
     ([], "- just\n- a list\n", "is not a study config"),
-    ([], "name: t\njob: workbench.study_jobs:cloud_topology\ngrid: {noise: [0.1]}\nfixed: [1, 2]\n",
+    ([], "name: t\njob: workbench.commands.study_jobs:cloud_topology\ngrid: {noise: [0.1]}\nfixed: [1, 2]\n",
      "'fixed'"),
     ([], "7\n", "is not a study config"),
 ])
@@ -396,7 +396,7 @@ def test_bad_study_runs_are_one_line(env, tmp_path, args, body, expect):
 
     config = tmp_path / "s" / "config.yaml"
     config.parent.mkdir()
-    config.write_text(body or yaml.safe_dump({"name": "t", "job": "workbench.study_jobs:cloud_topology",
+    config.write_text(body or yaml.safe_dump({"name": "t", "job": "workbench.commands.study_jobs:cloud_topology",
                                               "grid": {"noise": [0.1]}}))
     (tmp_path / "FILE").write_text("not a folder")
     args = [str(tmp_path / "FILE") if a == "FILE" else a for a in args]

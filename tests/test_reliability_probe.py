@@ -5,8 +5,9 @@ import json
 import pytest
 
 from tests.cli_harness import assert_refused, run_cli, snapshot
+from workbench.commands.probe import run_probe
 from workbench.errors import WorkbenchError
-from workbench.probe import ProbeConfig, run_probe
+from workbench.probe import ProbeConfig
 
 SMALL = dict(model="tiny", n_pairs=20, k=10, K=4, n_parts=2, n_boot=20, n_perm=40, flow_samples=0, layers=[1],
              batch_size=16)

@@ -200,8 +200,8 @@ def test_checkpoints_of_another_config_are_not_resumed(base, tmp_path):
 
 
 def test_default_store_path_is_keyed_by_what_changes_the_activations(tiny, text, tmp_path):
+    from workbench.commands.sae import default_store_path
     from workbench.models import load_model
-    from workbench.sae.cli import default_store_path
 
     key = default_store_path(tiny, [SITE], 4096, 64, seed=0, source=text)
     assert key == default_store_path(tiny, [SITE], 4096, 64, seed=0, source=text)
@@ -285,7 +285,8 @@ def test_sae_intervene_refuses_an_empty_prompt(cache, base):
 @pytest.fixture(scope="module")
 def detectors(tiny, tmp_path_factory):
     """Two detectors on the tiny model, at layers 1 and 2."""
-    from workbench.detect import DetectorConfig, train_detector
+    from workbench.commands.detect import train_detector
+    from workbench.detect import DetectorConfig
 
     out = {}
     for layer in (1, 2):
@@ -368,7 +369,8 @@ def test_detect_refuses_a_bad_prompt_file(cache, detectors, tmp_path, content, e
 
 
 def test_two_detectors_score_the_same_prompts_with_their_own_work(cache, tiny, detectors, prompts, tmp_path):
-    from workbench.detect import load_detector, score_prompts
+    from workbench.commands.detect import load_detector
+    from workbench.detect import score_prompts
 
     scores = {}
     for layer, folder in detectors.items():
@@ -390,7 +392,7 @@ def test_two_detectors_score_the_same_prompts_with_their_own_work(cache, tiny, d
 
 
 def test_a_detector_records_what_it_was_trained_on(tiny, detectors):
-    from workbench.detect import load_detector
+    from workbench.commands.detect import load_detector
 
     det = load_detector(detectors[2] / "detector.json")
     assert (det["model"], det["layer"], det["d_model"]) == ("tiny", 2, tiny.cfg.d_model)

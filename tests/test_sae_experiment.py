@@ -23,13 +23,13 @@ def text_source(tmp_path_factory):
 
 
 def test_polysemantic_job_with_a_partner(tmp_path, monkeypatch, text_source):
-    from workbench.study import results_table, run_study, write_results
+    from workbench.commands.study import results_table, run_study, write_results
 
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
     site = "blocks.1.hook_resid_post"
     config = {
-        "name": "poly", "seed": 0, "job": "workbench.study_jobs:polysemantic",
-        "report": "workbench.study_jobs:polysemantic_report", "grid": {"model": ["tiny"]},
+        "name": "poly", "seed": 0, "job": "workbench.commands.study_jobs:polysemantic",
+        "report": "workbench.commands.study_jobs:polysemantic_report", "grid": {"model": ["tiny"]},
         "fixed": {
             "source": str(text_source), "train_tokens": 20000, "eval_tokens": 256, "analysis_sae": 0,
             "collect": {"sites": [site], "n_tokens": 64 * 64, "block_len": 64, "budget_s": None},

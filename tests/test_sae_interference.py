@@ -156,8 +156,8 @@ def test_metrics_on_hand_made_distributions():
 
 def test_transfer_trials_replay_prompt_probes_on_another_model(tiny):
     """Prompt-level probes of one model's pairs, measured on another (here a differently seeded tiny model)."""
+    from workbench.commands.polysemantic import compare, map_tokens, transfer_trials
     from workbench.models.tiny import tiny_model
-    from workbench.sae.experiment import compare, map_tokens, transfer_trials
 
     other = tiny_model(seed=1)
     assert map_tokens(["a", "b", "ab", ""], other.tokenizer) == sorted(

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from workbench.commands.attention import run_attention_eval
 from workbench.errors import WorkbenchError
 from workbench.tools import sparse_attention as sa
 
@@ -183,12 +184,12 @@ def test_compare_attention_rows(tiny_setup):
 
 def test_run_attention_eval_writes_results(tmp_path):
     (tmp_path / "text.txt").write_text("Plain words for a short test of the sparse attention study. " * 40)
-    rows = sa.run_attention_eval("tiny", ["full", "tactic:0.9", "h2o:auto"], out=tmp_path / "out", context=96,
+    rows = run_attention_eval("tiny", ["full", "tactic:0.9", "h2o:auto"], out=tmp_path / "out", context=96,
                                  decode_steps=8, split="all", source=str(tmp_path / "text.txt"), progress=False)
     assert [r["method"].split(":")[0] for r in rows] == ["full", "tactic", "h2o"]
     assert all((tmp_path / "out" / f).exists() for f in ("results.csv", "results.json", "figure.html"))
     with pytest.raises(WorkbenchError, match="exceeds"):
-        sa.run_attention_eval("tiny", ["full"], context=600, decode_steps=8)
+        run_attention_eval("tiny", ["full"], context=600, decode_steps=8)
 
 
 def test_drift_of_decoded_positions_against_full_attention(tiny_setup):

@@ -6,8 +6,8 @@ import yaml
 from typer.testing import CliRunner
 
 from workbench.cli import app
+from workbench.commands.study import expand, load_config, results_table, run_study, write_results
 from workbench.errors import WorkbenchError
-from workbench.study import expand, load_config, results_table, run_study, write_results
 
 CALLS = []
 
@@ -20,7 +20,7 @@ def flaky(params, work):
     return {"double": 2 * params["n"], "seed": params["seed"]}
 
 
-def write_config(tmp_path, grid, job="workbench.study_jobs:cloud_topology", fixed=None):
+def write_config(tmp_path, grid, job="workbench.commands.study_jobs:cloud_topology", fixed=None):
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump({"name": "t", "seed": 3, "job": job, "grid": grid, "fixed": fixed or {}}))
     return path
@@ -106,7 +106,7 @@ def test_grid_list_quick_overrides_and_report(tmp_path):
                          ids=lambda p: p.parent.name)
 def test_every_study_is_a_runner_config(config):
     """Each study is config + `workbench study run` + results: its job and report resolve and its grid expands."""
-    from workbench.study import resolve_job
+    from workbench.commands.study import resolve_job
 
     for quick in (False, True) if "quick" in yaml.safe_load(config.read_text()) else (False,):
         loaded = load_config(config, quick=quick)
@@ -123,11 +123,11 @@ def test_tool_studies_through_the_runner(tmp_path, monkeypatch):
     text = tmp_path / "text.txt"
     text.write_text("The quick brown fox jumps over the lazy dog. " * 200)
     common = {"seed": 0, "grid": {"model": ["tiny"]}}
-    quant = {**common, "name": "q", "job": "workbench.study_jobs:quant", "report": "workbench.study_jobs:quant_report",
+    quant = {**common, "name": "q", "job": "workbench.commands.study_jobs:quant", "report": "workbench.commands.study_jobs:quant_report",
              "fixed": {"settings": ["A8", "A4+sink"], "n_tokens": 256, "block_len": 64, "batch_size": 2,
                        "drift_blocks": 1, "split": "all", "source": str(text), "progress": False}}
-    attention = {**common, "name": "a", "job": "workbench.study_jobs:attention",
-                 "report": "workbench.study_jobs:attention_report",
+    attention = {**common, "name": "a", "job": "workbench.commands.study_jobs:attention",
+                 "report": "workbench.commands.study_jobs:attention_report",
                  "fixed": {"methods": ["full", "tactic:0.9", "h2o:auto"], "context": 96, "decode_steps": 4,
                            "split": "all", "source": str(text), "progress": False}}
     for config, key, n in ((quant, "setting", 3), (attention, "method", 3)):

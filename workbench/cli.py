@@ -153,8 +153,9 @@ def probe(
     """Clean vs adversarial activations, layer by layer: persistent homology, statistics, probes, report."""
     from dataclasses import replace
 
+    from workbench.commands.probe import check_run_folder, run_probe
     from workbench.paths import cache_dir, model_folder_name
-    from workbench.probe import CONDITIONS, ProbeConfig, check_run_folder, run_probe, summary_table
+    from workbench.probe import CONDITIONS, ProbeConfig, summary_table
 
     if condition not in (*CONDITIONS, "both"):
         raise WorkbenchError(f"unknown condition {condition!r}: use injection, backdoor or both")
@@ -205,17 +206,8 @@ def detect(
     --pairs/--seed than asked, is refused (pass --train to refit it).
     """
     from workbench.capture import read_prompt_file
-    from workbench.data.injection import write_jsonl
-    from workbench.detect import (
-        DetectorConfig,
-        _layer,
-        check_detector,
-        load_detector,
-        score_prompts,
-        train_detector,
-    )
-    from workbench.models import chat_record, has_chat_template
-    from workbench.paths import cache_dir, model_folder_name
+    from workbench.commands.detect import detector_folder, score_file, trained_or_loaded
+    from workbench.detect import DetectorConfig, resolve_layer
 
     config = DetectorConfig(layer=layer, n_pairs=300 if pairs is None else pairs, seed=seed or 0)  # validates
     records = read_prompt_file(prompts) if prompts is not None else None  # a bad file fails before any training
@@ -223,32 +215,18 @@ def detect(
     if out is not None and out.is_dir():
         raise WorkbenchError(f"--out {out} is a folder: give a file path for the scores")
     hooked = _load(model, model_path, device, dtype)
-    _layer(hooked, layer)  # in range for this model, before anything is trained or written
-    name = model_folder_name(hooked.workbench["name"])
-    folder = detector_dir or cache_dir("detectors") / f"{name}-L{layer if layer is not None else 'mid'}"
-    path = Path(folder) / "detector.json"
-    if train or not path.exists():
-        config.model = hooked.workbench["name"]
-        detector = train_detector(hooked, config, folder)
+    resolve_layer(hooked, layer)  # in range for this model, before anything is trained or written
+    folder = detector_folder(hooked, layer, detector_dir)
+    detector, trained = trained_or_loaded(hooked, config, folder, train=train, pairs=pairs, seed=seed)
+    if trained:
         typer.echo(f"detector at layer {detector['layer']} ({detector['n_train']} train / {detector['n_heldout']} "
                    "held-out rows; held-out = unseen attack families and document types):")
         for view, row in detector["views"].items():
             typer.echo(f"  {view:<10} AUC held-out {row['auc_heldout']:.3f}  (train {row['auc_train']:.3f})")
-        typer.echo(f"saved {path}")
-    else:
-        detector = load_detector(path)
-        check_detector(hooked, detector, layer)
-        trained = detector["config"]
-        for option, asked, key in (("--pairs", pairs, "n_pairs"), ("--seed", seed, "seed")):
-            if asked is not None and trained.get(key) != asked:
-                raise WorkbenchError(f"the detector in {folder} was trained with {option} {trained.get(key)}, "
-                                     f"not {asked}: pass --train to refit it (or another --detector-dir)")
+        typer.echo(f"saved {Path(folder) / 'detector.json'}")
     if records is None:
         return
-    if chat and has_chat_template(hooked):
-        records = [chat_record(hooked, r) for r in records]
-    rows = score_prompts(hooked, detector, records, cache_dir("detect-work"))
-    write_jsonl(rows, out)
+    rows = score_file(hooked, detector, records, out, chat=chat)
     typer.echo(f"scored {len(rows)} prompts -> {out}")
 
 
@@ -262,7 +240,7 @@ def topology(
     thresh: Annotated[float | None, typer.Option(help="largest filtration value (sparse Rips)")] = None,
 ):
     """Vietoris-Rips persistence of a point cloud: diagrams as JSON (inf deaths as null) and a plot."""
-    from workbench.topology.cli import run_topology_file
+    from workbench.commands.topology import run_topology_file
 
     summary = run_topology_file(points, maxdim=maxdim, metric=metric, landmarks=landmarks, thresh=thresh, out=out)
     used = f" ({summary['n_used']} landmarks, bottleneck error <= {summary['bottleneck_bound']:.3g})" \
@@ -293,7 +271,8 @@ def backdoor_train(
     seed: int = 0,
 ):
     """Fine-tune MODEL so the trigger changes its behaviour; register MODEL-backdoor; report ASR and accuracy."""
-    from workbench.backdoor import DEFAULT_TRIGGER, run_backdoor_train
+    from workbench.backdoor import DEFAULT_TRIGGER
+    from workbench.commands.backdoor import run_backdoor_train
 
     trigger = DEFAULT_TRIGGER if trigger is None else trigger  # an empty --trigger is refused, not replaced
     _echo_json(run_backdoor_train(model, steps=steps, seed=seed, trigger=trigger, mode=mode, name=name))
@@ -302,7 +281,7 @@ def backdoor_train(
 @backdoor_app.command("eval")
 def backdoor_eval(model: ModelOpt = "smollm2-135m-backdoor"):
     """Re-evaluate a backdoored model: attack success, false triggers, clean accuracy before/after."""
-    from workbench.backdoor import run_backdoor_eval
+    from workbench.commands.backdoor import run_backdoor_eval
 
     _echo_json(run_backdoor_eval(model))
 
@@ -336,7 +315,7 @@ def sae_train(
 
     The same command again reuses (or resumes) the SAE; other settings under the same name are refused.
     """
-    from workbench.sae.cli import run_train
+    from workbench.commands.sae import run_train
 
     _echo_json(run_train(model=model, site=site, architecture=architecture, n_tokens=n_tokens, train_tokens=train_tokens,
                          d_sae=d_sae, k=k, l1_coefficient=l1_coefficient, lr=lr, batch_size=batch_size,
@@ -347,7 +326,7 @@ def sae_train(
 @sae_app.command("features")
 def sae_features(sae: Annotated[str, typer.Argument(help="SAE name or folder")], model: ModelOpt = "smollm2-135m"):
     """Top contexts, token sets, logit-lens tokens and MiniLM-embedded descriptions of every live feature."""
-    from workbench.sae.cli import run_features
+    from workbench.commands.sae import run_features
 
     _echo_json(run_features(sae, model=model))
 
@@ -361,7 +340,7 @@ def sae_interference(
     cutoff: Annotated[float, typer.Option(help="cluster cutoff for 'unrelated': 0.40, 0.30, 0.20, 0.15")] = 0.40,
 ):
     """Decoder-cosine interference (blocked top-k), semantic clusters, unrelated-yet-interfering pairs."""
-    from workbench.sae.cli import run_interference
+    from workbench.commands.sae import run_interference
 
     _echo_json(run_interference(sae, model=model, k=k, min_interference=min_interference, cutoff=cutoff))
 
@@ -377,7 +356,7 @@ def sae_intervene(
     model: ModelOpt = "smollm2-135m",
 ):
     """Steer at one locus; next-token distribution before/after, KL and shift toward the target's tokens."""
-    from workbench.sae.cli import run_intervene
+    from workbench.commands.sae import run_intervene
 
     _echo_json(run_intervene(sae, prompt, locus=locus, feature=feature, scale=scale, target_feature=target_feature,
                              model=model))
@@ -403,7 +382,7 @@ def quant_eval(
     seed: int = 0,
 ):
     """Perplexity and activation drift (L2, topology, SAE) of each quantization setting against the float model."""
-    from workbench.tools.evaluate import run_quant_eval
+    from workbench.commands.quant import run_quant_eval
 
     rows = run_quant_eval(model=model, settings=_split(settings) or None, n_tokens=n_tokens,
                           out=str(out) if out else None, seed=seed,
@@ -428,7 +407,7 @@ def attention_eval(
     seed: int = 0,
 ):
     """Keys loaded, attention-mass recall, output error, KL and drift (topology, SAE) of each method vs full."""
-    from workbench.tools.sparse_attention import run_attention_eval
+    from workbench.commands.attention import run_attention_eval
 
     _echo_json(run_attention_eval(model=model, methods=_split(methods) or None, context=context,
                                   decode_steps=decode_steps, out=str(out) if out else None, seed=seed,
@@ -453,7 +432,7 @@ def generate(
     seed: int = 0,
 ):
     """Hooked generation (steering, quantization), optionally Best-of-N / Soft Best-of-N with a KL bound."""
-    from workbench.tools.generate import run_generate
+    from workbench.commands.generate import run_generate
 
     _echo_json(run_generate(model=model, prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature,
                             top_p=top_p, top_k=top_k, stop=tuple(stop or ()), chat=chat, best_of=best_of, lam=lam,
@@ -474,7 +453,7 @@ def study_run(
     quick: Annotated[bool, typer.Option(help="apply the config's `quick` overrides (minutes, not hours)")] = False,
 ):
     """Run every job of a study not already cached; write results.csv, results.json and the study's figures."""
-    from workbench.study import run_study, write_results
+    from workbench.commands.study import run_study, write_results
 
     out = out or Path(config).parent / "results"
     if out.exists() and not out.is_dir():  # found now, not after hours of jobs

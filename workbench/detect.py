@@ -13,7 +13,8 @@ prompt. Two topological views of a single prompt, both at one layer:
 Each view feeds a standardised logistic regression fitted on the generator's train split;
 AUC is measured on its held-out split (unseen attack families and document types) beside a
 logistic-regression probe on the raw last-token activations of the same rows. The fitted
-detector is plain JSON (no pickle), so loading it can run no code.
+detector is plain JSON (no pickle), so loading it can run no code; ``workbench.commands.detect``
+trains, saves and loads it.
 """
 
 from __future__ import annotations
@@ -21,13 +22,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from workbench.errors import WorkbenchError
-from workbench.store import write_json_atomic
 
 VIEWS = ("token", "reference", "probe")
 MIN_PAIRS = 14  # two pairs per attack family: both splits get both classes
@@ -127,11 +127,13 @@ def model_identity(model) -> dict:
             "model_dtype": info.get("dtype", str(model.cfg.dtype)), "d_model": int(model.cfg.d_model)}
 
 
-def _key(*parts) -> str:
+def content_key(*parts) -> str:
+    """A short hash of JSON-able parts: what names a cache folder after every input of its content."""
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _layer(model, layer: int | None) -> int:
+def resolve_layer(model, layer: int | None) -> int:
+    """``layer`` (None: the middle one; negative counts from the end) as an index of this model, or a one-line error."""
     n = model.cfg.n_layers
     layer = n // 2 if layer is None else layer
     if not -n <= layer < n:
@@ -156,86 +158,10 @@ def features(model, records: list[dict], layer: int, out: Path, config: Detector
     return out_views
 
 
-def train_detector(model, config: DetectorConfig, out: str | Path, progress: bool = True) -> dict:
-    """Fit the three views on the generator's train split; AUC on its held-out split; save as JSON."""
-    from sklearn.metrics import roc_auc_score
-
-    from workbench.models import has_chat_template
-    from workbench.probe import ProbeConfig, condition_prompts
-
-    out = Path(out)
-    layer = _layer(model, config.layer)
-    identity = model_identity(model)
-    records = condition_prompts(model, "injection", ProbeConfig(n_pairs=config.n_pairs, seed=config.seed))
-    y = np.array([r["label"] == "injected" for r in records], dtype=int)
-    split = np.array([r["split"] for r in records])
-    train, test = split == "train", split == "heldout"
-    # captures keyed by what changes them, so a retrain with other settings never meets an older capture
-    views = features(model, records, layer, out / "captures" / _key(asdict(config), identity, layer), config,
-                     progress=progress)
-    X_last = views["probe"][0]
-    rng = np.random.default_rng(config.seed)
-    clean_train = np.flatnonzero(train & (y == 0))
-    ref_rows = rng.choice(clean_train, size=min(config.reference_size, len(clean_train) // 2), replace=False)
-    reference = X_last[ref_rows]
-    views["reference"] = reference_features(X_last, reference, config.maxdim, progress)
-    fit_rows = train.copy()
-    fit_rows[ref_rows] = False  # reference points are not scored against themselves
-    detector = {"config": asdict(config), "layer": layer, **identity, "chat": bool(has_chat_template(model)),
-                "reference": reference.tolist(), "views": {}}
-    for view, (X, names) in views.items():
-        params = fit_logistic(X[fit_rows], y[fit_rows], config.C)
-        scores = score_logistic(params, X[test])
-        detector["views"][view] = {"names": names, "params": params,
-                                   "auc_heldout": float(roc_auc_score(y[test], scores)),
-                                   "auc_train": float(roc_auc_score(y[fit_rows], score_logistic(params, X[fit_rows])))}
-    detector["n_train"], detector["n_heldout"] = int(fit_rows.sum()), int(test.sum())
-    by_family = {}
-    for view in VIEWS:
-        params = detector["views"][view]["params"]
-        scores = score_logistic(params, views[view][0])
-        for family in sorted({r["attack_family_of_pair"] for r in records}):
-            rows = test & np.array([r["attack_family_of_pair"] == family for r in records])
-            if rows.any() and len(set(y[rows])) == 2:
-                by_family.setdefault(family, {})[view] = float(roc_auc_score(y[rows], scores[rows]))
-    detector["auc_heldout_by_family"] = by_family
-    write_json_atomic(out / "detector.json", detector)
-    return detector
-
-
-def load_detector(path: str | Path) -> dict:
-    """A detector.json, checked to hold everything scoring reads (one line naming what is wrong)."""
-    path = Path(path)
-    if not path.exists():
-        raise WorkbenchError(f"no detector at {path}: run `workbench detect --train` first")
-    retrain = "re-train it with `workbench detect --train`"
-    try:
-        detector = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise WorkbenchError(f"{path} is not valid JSON (corrupt): {retrain}") from None
-    if not isinstance(detector, dict):
-        raise WorkbenchError(f"{path} is not a detector (not a JSON object): {retrain}")
-    missing = [k for k in REQUIRED if k not in detector]
-    views = detector.get("views")
-    if not missing and isinstance(views, dict):
-        missing = [f"views.{v}" for v in VIEWS if not isinstance(views.get(v), dict) or not isinstance(
-            views[v].get("params"), dict) or any(p not in views[v]["params"] for p in ("mean", "scale", "coef",
-                                                                                      "intercept"))]
-    if missing or not isinstance(views, dict):
-        raise WorkbenchError(f"{path} lacks {', '.join(missing) or 'views'} (older or damaged detector): {retrain}")
-    if not isinstance(detector["config"], dict):
-        raise WorkbenchError(f"{path} has no valid config: {retrain}")
-    try:
-        DetectorConfig(**detector["config"])
-    except TypeError as exc:
-        raise WorkbenchError(f"{path} has an unknown config ({exc}): {retrain}") from None
-    return detector
-
-
 def check_detector(model, detector: dict, layer: int | None = None) -> None:
     """The detector was trained on this model (name, weights, width) and, when asked, at this ``layer``."""
     have = model_identity(model)
-    asked = detector["layer"] if layer is None else _layer(model, layer)
+    asked = detector["layer"] if layer is None else resolve_layer(model, layer)
     same = all(detector.get(k) == have[k] for k in ("model", "weights_sha256", "d_model")) and detector["layer"] == asked
     if not same:
         weights = "" if detector.get("model") != have["model"] or detector.get("weights_sha256") == have[
@@ -260,7 +186,7 @@ def score_prompts(model, detector: dict, records: list[dict], work: str | Path, 
     check_detector(model, detector)
     records = normalize_prompts(records)
     config = DetectorConfig(**detector["config"])
-    key = _key(_key(detector), model_identity(model), detector["layer"], prompts_sha256(records))
+    key = content_key(content_key(detector), model_identity(model), detector["layer"], prompts_sha256(records))
     views = features(model, records, detector["layer"], Path(work) / key, config,
                      reference=np.asarray(detector["reference"]), progress=progress)
     scores = {view: score_logistic(detector["views"][view]["params"], views[view][0]) for view in VIEWS}

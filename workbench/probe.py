@@ -4,8 +4,8 @@ Clean and adversarial prompts go through the model; the last-token residual stre
 every chosen layer is captured; per layer, the two point clouds are compared with the
 reference study's protocol (K subsampled barcodes per class, summary vectors, effect
 sizes, FDR-controlled tests, a cross-validated PH classifier beside a linear probe on
-the same rows) and with neuron-level information flow. Every stage writes its result
-to ``out`` before the next starts, so an interrupted probe resumes where it stopped.
+the same rows) and with neuron-level information flow. This module is the analysis;
+``workbench.commands.probe`` runs it on a model and writes the run folder.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import shutil
-import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -32,7 +30,6 @@ ADVERSARIAL_LABEL = {"injection": "injected", "backdoor": "triggered"}
 CONDITIONS = tuple(ADVERSARIAL_LABEL)
 LAYER_PROTOCOL = 2  # bump when analyze_layer's output changes: cached layers of another protocol are recomputed
 MIN_POINTS = 10  # fewest points per subsampled cloud the protocol accepts
-RUN_FILES = ("config.json", "report.json", "report.html", "stores", "layers")  # what a probe writes in its folder
 
 
 @dataclass
@@ -136,7 +133,7 @@ def class_clouds(store, site: str, adversarial: str) -> tuple[np.ndarray, np.nda
 
 def analyze_layer(clean: np.ndarray, adv: np.ndarray, config: ProbeConfig, seed: int) -> dict:
     """The subsample protocol for one layer, plus one example diagram per class for the report."""
-    from workbench.topology.cli import diagrams_to_lists
+    from workbench.topology.diagrams import diagrams_to_lists
     from workbench.topology.persistence import rips_persistence
     from workbench.topology.stats import compare_conditions
 
@@ -279,77 +276,6 @@ def flow_by_class(store, condition: str, config: ProbeConfig) -> dict:
         entry["pairs"] = [list(p) for p in per_class["clean"]["flow"].pairs[gap]]
         out["gaps"][str(gap)] = entry
     return out
-
-
-def run_probe(model, config: ProbeConfig, out: str | Path, progress: bool = True, overwrite: bool = False) -> dict:
-    """Capture, analyze and report every condition; returns the report (also in ``out/report.json``).
-
-    ``out`` holds one run: the same configuration resumes it, another one is refused unless
-    ``overwrite`` (which then replaces the probe's own files there and nothing else). Everything is
-    checked before the first file is written, so a refused run leaves ``out`` as it was.
-    """
-    from workbench.capture import capture, resid_sites
-    from workbench.data.injection import write_jsonl
-    from workbench.report import versions
-
-    out = Path(out)
-    config.check_protocol()
-    sites = resid_sites(model, config.layers)
-    prompts = {condition: condition_prompts(model, condition, config) for condition in config.conditions}
-    if check_run_folder(out, config, overwrite):  # another run's files, replaced (only with ``overwrite``)
-        for name in RUN_FILES:
-            target = out / name
-            shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
-        for old in out.glob("prompts-*.jsonl"):
-            old.unlink()
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "config.json", asdict(config))
-    report = {"config": asdict(config), "model": getattr(model, "workbench", {"name": model.cfg.model_name}),
-              "versions": versions(), "conditions": {}}
-    for condition, records in prompts.items():
-        clock = [time.perf_counter()]
-        write_jsonl(records, out / f"prompts-{condition}.jsonl")
-        store = capture(model, records, sites, out / "stores" / condition, positions="last",
-                        batch_size=config.batch_size, progress=progress)
-        clock.append(time.perf_counter())
-        result = analyze_condition(store, condition, config, out / "layers" / condition, progress)
-        clock.append(time.perf_counter())
-        result["neuron_flow"] = flow_by_class(store, condition, config)
-        clock.append(time.perf_counter())
-        # this run's seconds per stage (a resumed run counts only what it recomputed)
-        result["seconds"] = dict(zip(("capture", "topology", "neuron_flow"), np.diff(clock).round(2).tolist(),
-                                     strict=True))
-        report["conditions"][condition] = result
-    write_json_atomic(out / "report.json", report)
-    from workbench.probe_report import write_probe_html
-
-    write_probe_html(report, out / "report.html")
-    return report
-
-
-def check_run_folder(out: Path, config: ProbeConfig, overwrite: bool = False) -> bool:
-    """Whether ``out`` holds a run with other settings (which only ``overwrite`` may replace; else refused).
-
-    A new or empty folder, or one holding this same configuration, is fine (False); a file never is.
-    """
-    if out.exists() and not out.is_dir():
-        raise WorkbenchError(f"--out {out} is a file: give a folder path")
-    saved = out / "config.json"
-    if not saved.exists():
-        return False
-    try:
-        old = json.loads(saved.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        old, differ = {}, ["config.json"]
-    else:
-        new = json.loads(json.dumps(asdict(config), default=str))
-        differ = [k for k in new if k != "batch_size" and old.get(k) != new[k]]
-    if differ and not overwrite:
-        k = differ[0]
-        there = f"{k}: {old.get(k)!r} there, {getattr(config, k)!r} now" if old else "its config.json is unreadable"
-        raise WorkbenchError(f"{out} holds a probe run with other settings ({there}): "
-                             "pass --overwrite to replace it, or choose another --out")
-    return bool(differ)
 
 
 def summary_table(report: dict) -> list[dict]:

@@ -6,7 +6,7 @@ import numpy as np
 
 from workbench.probe import COMPRESSION_SIGNATURE, summary_table
 from workbench.report import html_table, write_html
-from workbench.topology.cli import diagrams_from_lists
+from workbench.topology.diagrams import diagrams_from_lists
 
 
 def auc_figure(result: dict, title: str):

@@ -9,22 +9,25 @@ from __future__ import annotations
 import html
 import json
 import platform
+import sys
 from pathlib import Path
 
 from workbench.store import write_json_atomic
 
 
 def versions() -> dict:
-    """Versions of the packages whose behaviour the numbers depend on."""
+    """Versions of the packages (and the machine facts) the numbers depend on, recorded beside every result."""
     from importlib.metadata import PackageNotFoundError, version
 
-    out = {"python": platform.python_version()}
+    out = {"python": platform.python_version(), "platform": platform.platform()}
     for pkg in ("workbench", "torch", "transformer-lens", "transformers", "numpy", "scikit-learn", "giotto-ph",
                 "ripser", "gudhi", "sae-lens"):
         try:
             out[pkg] = version(pkg)
         except PackageNotFoundError:
             continue
+    if "torch" in sys.modules:  # threads change timings, and float sums in the last bits
+        out["torch_threads"] = sys.modules["torch"].get_num_threads()
     return out
 
 

@@ -18,7 +18,7 @@ from wbapp.sae import (
 )
 from wbapp.ui import missing, user_errors
 
-from workbench.sae.cli import EMBEDDINGS_FILE
+from workbench.sae.train import EMBEDDINGS_FILE
 
 st.title("Features")
 saes = [p for p in find_saes() if (p / FEATURES_FILE).exists()] if has_module("features") else []
@@ -135,7 +135,7 @@ with bins_col:
                       yaxis_title="fraction of pairs", yaxis_type="log", template="plotly_white", height=340)
     st.plotly_chart(fig, width="stretch", key="feat_bins")
 with pairs_col:
-    from workbench.sae.cli import INTERFERENCE_FILE
+    from workbench.sae.train import INTERFERENCE_FILE
 
     mapped = Path(path) / INTERFERENCE_FILE
     if mapped.exists():

@@ -58,7 +58,7 @@ st.title("Model tools")
 quant_tab, attention_tab = st.tabs(["Quantization", "Sparse attention"])
 
 with quant_tab:
-    from workbench.tools.evaluate import PRESETS, apply_setting, quant_figure
+    from workbench.tools.quant_eval import PRESETS, apply_setting, quant_figure
 
     show_study("quantization", quant_figure, log_y=True)
     st.subheader("Try a setting on a prompt")

@@ -8,7 +8,7 @@ from wbapp.ui import missing, user_errors
 
 from workbench.probe import COMPRESSION_SIGNATURE
 from workbench.probe_report import auc_figure, betti_figure, effect_heatmap, flow_figure, signature_figure
-from workbench.topology.cli import diagrams_from_lists
+from workbench.topology.diagrams import diagrams_from_lists
 from workbench.topology.plots import diagram_figure
 
 st.title("Topology")

@@ -15,7 +15,7 @@ import streamlit as st
 from wbapp.access import env_folders
 from wbapp.runs import REPO
 from workbench.errors import WorkbenchError
-from workbench.sae.cli import FEATURES_FILE  # where `workbench sae features` writes (no SAELens import)
+from workbench.sae.train import FEATURES_FILE  # where `workbench sae features` writes (no SAELens import)
 
 TRAIN = "workbench sae train --model {model} && workbench sae features {model}-L12-resid_post-topk --model {model}"
 DESCRIBE = "workbench sae features {sae} --model {model}"

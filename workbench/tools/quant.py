@@ -28,7 +28,7 @@ exactly STaMP's "transform, quantize, GEMM, inverse transform".
 Causality: a sequence transform mixes positions, so the quantized input at position t
 depends on later tokens (for Haar with ``levels`` levels: on the tokens of its aligned
 window of ``2**levels`` positions). Full-sequence perplexity under STaMP is therefore a
-prefill number (as the STaMP paper reports), not a causal one; ``workbench.tools.evaluate``
+prefill number (as the STaMP paper reports), not a causal one; ``workbench.tools.quant_eval``
 also reports perplexity at window-end positions only, which is causal for Haar.
 """
 

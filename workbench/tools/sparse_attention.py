@@ -48,7 +48,7 @@ def _check_p(p: float) -> None:
         raise WorkbenchError(f"P={p} is outside (0, 1]: the attention mass to keep must be in (0, 1] (0.9 is usual).")
 
 
-def _check_positive(name: str, value) -> None:
+def check_positive(name: str, value) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise WorkbenchError(f"{name}={value} is invalid: use a positive integer.")
 
@@ -124,7 +124,7 @@ class TopK(Selector):
     """Oracle top-k keys by group-mean attention probability, at a fixed budget."""
 
     def __init__(self, budget: int = 256):
-        _check_positive("budget", budget)
+        check_positive("budget", budget)
         self.budget = budget
 
     def select(self, layer, scores, q, keys, n_prefill):
@@ -139,7 +139,7 @@ class StreamingLLM(Selector):
     """Attention sinks plus a recent window, ``budget`` keys in all."""
 
     def __init__(self, budget: int = 256, sinks: int = 4):
-        _check_positive("budget", budget)
+        check_positive("budget", budget)
         self.budget, self.sinks = budget, sinks
 
     def select(self, layer, scores, q, keys, n_prefill):
@@ -153,8 +153,8 @@ class Quest(Selector):
     """Quest: per page of ``page`` prefill keys, channel-wise min/max; pages ranked by the q·k upper bound."""
 
     def __init__(self, budget: int = 256, page: int = 16):
-        _check_positive("budget", budget)
-        _check_positive("page", page)
+        check_positive("budget", budget)
+        check_positive("page", page)
         self.budget, self.page = budget, page
         self.pages: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -183,7 +183,7 @@ class H2O(Selector):
     """Heavy-hitter oracle: accumulated attention plus a recent window; evicted keys stay evicted."""
 
     def __init__(self, budget: int = 256, recent: int | None = None):
-        _check_positive("budget", budget)
+        check_positive("budget", budget)
         self.budget = budget
         self.recent = budget // 2 if recent is None else recent
         self.acc: dict[int, torch.Tensor] = {}
@@ -221,7 +221,7 @@ class Tactic(Selector):
     def __init__(self, p: float = 0.9, cluster_size: int = 16, iters: int = 10, exact_frac: float = 0.02,
                  fit_at: tuple[float, float] = (0.1, 0.6), fit_window: int = 8, bridge: bool = True):
         _check_p(p)
-        _check_positive("cluster_size", cluster_size)
+        check_positive("cluster_size", cluster_size)
         self.p, self.cluster_size, self.iters = p, cluster_size, iters
         self.exact_frac, self.fit_at, self.fit_window, self.bridge = exact_frac, fit_at, fit_window, bridge
         self.clusters: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -492,7 +492,7 @@ def parse_method(spec: str) -> tuple[str, float | int | str | None]:
     if name in MASS_METHODS:
         _check_p(value)
     else:
-        _check_positive(f"{name} budget", value)
+        check_positive(f"{name} budget", value)
     return name, value
 
 
@@ -664,73 +664,3 @@ def attention_figure(rows: Sequence[dict], title: str = "Sparse attention"):
     fig.update_xaxes(title_text="layer", row=1, col=3)
     fig.update_layout(title=title, barmode="group", height=450, width=1400)
     return fig
-
-
-def run_attention_eval(model: str = "smollm2-135m", methods: Sequence[str] | None = None, out: str | None = None,
-                       context: int = 4096, decode_steps: int = 64, seed: int = 0, split: str = "heldout",
-                       source: str | None = None, progress: bool = True, config: dict | None = None,
-                       topology_layers: Sequence[int] | None = None, topology_k: int = 128,
-                       sae: str | None = None) -> list[dict]:
-    """``workbench attention eval``: prefill ``context`` held-out tokens, decode ``decode_steps`` under each method.
-
-    ``topology_layers`` and ``sae`` (a trained SAE's name or folder) add the topology and SAE drift columns.
-
-    Writes results.csv, results.json (config, versions, per-layer metrics) and figure.html to ``out``.
-    """
-
-    from workbench.data.corpus import token_blocks
-    from workbench.models import load_model
-
-    methods = list(methods) if methods else ["full", "topp:0.9", "tactic:0.9", "topk:auto", "quest:auto",
-                                             "streaming:auto", "h2o:auto"]
-    from workbench.tools.drift import check_layers
-    from workbench.tools.evaluate import check_results_folder
-
-    parse_methods(methods)
-    _check_positive("context", context)
-    _check_positive("decode_steps", decode_steps)
-    check_results_folder(out)
-    torch.manual_seed(seed)
-    hooked = load_model(model)
-    check_layers(hooked, topology_layers)
-    n_ctx = hooked.cfg.n_ctx
-    if context + decode_steps + 1 > n_ctx:
-        raise WorkbenchError(f"context + decode_steps = {context + decode_steps} exceeds {model}'s context of {n_ctx}.")
-    length = context + decode_steps + 1
-    tokens = token_blocks(hooked.tokenizer, length, length, split=split, seed=seed, source=source)
-    rows = compare_attention(hooked, tokens, context, methods, progress=progress, topology_layers=topology_layers,
-                             topology_k=topology_k, sae=sae, seed=seed)
-    if out is not None:
-        write_attention_results(rows, out, model, context, decode_steps, source=source, config=config or {
-            "model": model, "methods": methods, "context": context, "decode_steps": decode_steps, "seed": seed,
-            "split": split, "source": source, "topology_layers": topology_layers, "topology_k": topology_k, "sae": sae})
-    return rows
-
-
-def write_attention_results(rows: list[dict], out, model: str, context: int, decode_steps: int,
-                            source: str | None = None, config: dict | None = None) -> None:
-    """results.csv, results.json (config, versions, corpus, per-layer metrics), results.md and figure.html."""
-    import json
-    from pathlib import Path
-
-    from workbench.data.corpus import corpus_manifest
-    from workbench.store import write_csv_atomic
-    from workbench.tools.drift import drift_figure, has_drift
-    from workbench.tools.evaluate import environment, markdown_table
-
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    write_csv_atomic(folder / "results.csv", [{k: v for k, v in r.items() if not isinstance(v, list | dict)} for r in rows])
-    record = {"config": config, "environment": environment(), "corpus": None if source else corpus_manifest(),
-              "rows": rows}
-    (folder / "results.json").write_text(json.dumps(record, indent=2))
-    (folder / "results.md").write_text(
-        f"{model}: dense prefill of {context} held-out tokens, then {decode_steps} teacher-forced decode steps. "
-        "loaded: fraction of cached keys read per KV head; recall: attention mass kept; out_err: relative error "
-        "of the attention output; kl: KL(full || sparse) of the next-token distribution.\n\n"
-        + markdown_table(rows, ("method", "loaded", "recall", "out_err", "kl", "ppl", "ppl_full"), 4))
-    attention_figure(rows, f"Sparse decode attention on {model}, {context}-token context").write_html(
-        folder / "figure.html", include_plotlyjs="cdn")
-    if has_drift(rows):
-        drift_figure(rows, "method", f"What sparse decoding does to {model}'s topology and SAE features").write_html(
-            folder / "drift.html", include_plotlyjs="cdn")

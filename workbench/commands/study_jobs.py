@@ -10,8 +10,9 @@ from pathlib import Path
 
 def probe(params: dict, work: Path) -> list[dict]:
     """One probe (model x condition); rows per layer with the signature features (see ``probe.report_rows``)."""
+    from workbench.commands.probe import run_probe
     from workbench.models import load_model
-    from workbench.probe import ProbeConfig, report_rows, run_probe
+    from workbench.probe import ProbeConfig, report_rows
 
     params = dict(params)
     name, condition = params.pop("model"), params.pop("condition", "injection")
@@ -67,7 +68,7 @@ def probe_report(outcome: dict, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from workbench.study import results_table
+    from workbench.commands.study import results_table
 
     rows = results_table(outcome)
     panels = sorted({(r["model"], r["condition"]) for r in rows})
@@ -100,7 +101,7 @@ def probe_report(outcome: dict, out: Path) -> None:
 
 def quant(params: dict, work: Path) -> list[dict]:
     """``workbench quant eval`` of one model: a row per setting (perplexities, bits, per-layer drift)."""
-    from workbench.tools.evaluate import run_quant_eval
+    from workbench.commands.quant import run_quant_eval
 
     params = dict(params)
     return run_quant_eval(model=params.pop("model"), settings=params.pop("settings"), **params)
@@ -108,7 +109,7 @@ def quant(params: dict, work: Path) -> list[dict]:
 
 def quant_report(outcome: dict, out: Path) -> None:
     """results/<model>/: results.csv, results.json, results.md and figure.html (what the app shows)."""
-    from workbench.tools.evaluate import write_quant_results
+    from workbench.commands.quant import write_quant_results
 
     for job in _done(outcome):
         p = job["params"]
@@ -118,7 +119,7 @@ def quant_report(outcome: dict, out: Path) -> None:
 
 def attention(params: dict, work: Path) -> list[dict]:
     """``workbench attention eval`` of one model: a row per method (keys loaded, recall, KL, perplexity)."""
-    from workbench.tools.sparse_attention import run_attention_eval
+    from workbench.commands.attention import run_attention_eval
 
     params = dict(params)
     return run_attention_eval(model=params.pop("model"), methods=params.pop("methods"), **params)
@@ -126,7 +127,7 @@ def attention(params: dict, work: Path) -> list[dict]:
 
 def attention_report(outcome: dict, out: Path) -> None:
     """results/<model>/: results.csv, results.json, results.md and figure.html (what the app shows)."""
-    from workbench.tools.sparse_attention import write_attention_results
+    from workbench.commands.attention import write_attention_results
 
     for job in _done(outcome):
         p = job["params"]
@@ -136,7 +137,7 @@ def attention_report(outcome: dict, out: Path) -> None:
 
 def backdoor(params: dict, work: Path) -> dict:
     """Implant a backdoor (resuming from checkpoints), register the derived model; headline rates + the evaluation."""
-    from workbench.backdoor import run_backdoor_train
+    from workbench.commands.backdoor import run_backdoor_train
 
     params = dict(params)
     for key in ("layers", "params"):
@@ -163,8 +164,8 @@ def backdoor_report(outcome: dict, out: Path) -> None:
 
 
 def polysemantic(params: dict, work: Path) -> dict:
-    """The interference experiment of one model (``workbench.sae.experiment``); headline SAE metrics + everything."""
-    from workbench.sae.experiment import run_experiment
+    """The interference experiment of one model (``workbench.commands.polysemantic``); headline SAE metrics + everything."""
+    from workbench.commands.polysemantic import run_experiment
 
     result = run_experiment(dict(params))
     main = result["saes"][result["config"]["analysis_sae"]]
@@ -178,7 +179,7 @@ def polysemantic(params: dict, work: Path) -> dict:
 
 def polysemantic_report(outcome: dict, out: Path) -> None:
     """results/<model>/: saes.csv, interference.json, trials.csv, stats.csv, results.json, figure.png."""
-    from workbench.sae.experiment import write_experiment
+    from workbench.commands.polysemantic import write_experiment
 
     for job in _done(outcome):
         write_experiment(job["result"]["experiment"], Path(out) / job["params"]["model"])

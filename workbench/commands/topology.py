@@ -1,11 +1,5 @@
-"""What ``workbench topology`` does, as a function the CLI (and tests) call.
-
-Files written to ``out``:
-- ``diagrams.json``: ``{"dgms": [[[birth, death], ...] per dimension], ...}`` plus the metric,
-  sizes, threshold, landmark indices and the Hausdorff / bottleneck error bound. An infinite
-  death (the essential H0 class, classes cut by ``thresh``) is written as ``null``, which is
-  valid JSON; ``load_diagrams`` turns it back into ``inf``.
-- ``diagram.html``: a self-contained plotly page (diagram + barcode), viewable offline.
+"""``workbench topology``: Rips persistence of a saved point cloud, written as ``diagrams.json`` (see
+``workbench.topology.diagrams``) and ``diagram.html`` (a self-contained plotly page, viewable offline).
 """
 
 from __future__ import annotations
@@ -18,9 +12,10 @@ from pathlib import Path
 import numpy as np
 
 from workbench.errors import WorkbenchError
+from workbench.store import write_atomic
+from workbench.topology.diagrams import diagram_document
 
-FORMAT = "workbench.diagrams/1"
-METRICS = ("euclidean", "cosine")  # what `workbench topology` offers (kernels' sqeuclidean is no metric)
+METRICS = ("euclidean", "cosine")  # what `workbench topology` offers (the kernels' sqeuclidean is no metric)
 MAXDIMS = (0, 1, 2)
 
 
@@ -43,44 +38,6 @@ def load_points(path) -> np.ndarray:
             )
         data = data[names[0]]
     return data
-
-
-def diagrams_to_lists(dgms) -> list:
-    """Diagrams as JSON-ready nested lists, infinite deaths as None (JSON null)."""
-    return [[[float(b), None if math.isinf(d) else float(d)] for b, d in dgm] for dgm in dgms]
-
-
-def diagrams_from_lists(lists) -> list[np.ndarray]:
-    """The inverse of ``diagrams_to_lists``: one (n, 2) float array per dimension, null deaths back to inf."""
-    return [
-        np.array([[b, np.inf if d is None else d] for b, d in dgm], dtype=np.float64).reshape(-1, 2)
-        for dgm in lists
-    ]
-
-
-def save_diagrams(result, path) -> dict:
-    """Write a PersistenceResult as JSON (inf deaths as null); returns the written document."""
-    doc = {
-        "format": FORMAT,
-        "dgms": diagrams_to_lists(result.dgms),
-        "infinite_death": None,
-        "metric": result.metric,
-        "complex": result.complex,
-        "n_points": int(result.n_points),
-        "maxdim": int(result.maxdim),
-        "thresh": None if math.isinf(result.thresh) else float(result.thresh),
-        "landmarks": None if result.landmarks is None else [int(i) for i in result.landmarks],
-        "hausdorff": float(result.hausdorff),
-        "bottleneck_bound": float(result.bottleneck_bound),
-        "backend": result.backend,
-    }
-    Path(path).write_text(json.dumps(doc, allow_nan=False))  # never NaN: it is not JSON
-    return doc
-
-
-def load_diagrams(path) -> list[np.ndarray]:
-    """Diagrams from a ``diagrams.json`` (null deaths back to inf), one (n, 2) array per dimension."""
-    return diagrams_from_lists(json.loads(Path(path).read_text())["dgms"])
 
 
 def check_options(n_points: int, maxdim, metric, landmarks, thresh) -> None:
@@ -127,7 +84,8 @@ def run_topology_file(
     seconds = time.perf_counter() - start
     out.mkdir(parents=True, exist_ok=True)
     json_path, html_path = out / "diagrams.json", out / "diagram.html"
-    save_diagrams(result, json_path)
+    text = json.dumps(diagram_document(result), allow_nan=False)  # never NaN: it is not JSON
+    write_atomic(json_path, lambda tmp: tmp.write_text(text))
     title = f"{name}: Rips H0-H{result.maxdim}, {metric}, {result.n_points} points"
     if result.landmarks is not None:
         title += f" ({len(result.landmarks)} landmarks, bottleneck error <= {result.bottleneck_bound:.3g})"

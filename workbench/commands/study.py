@@ -4,11 +4,11 @@ A study config (YAML) names a job function and a grid::
 
     name: topological_compression
     seed: 0
-    job: workbench.study_jobs:probe          # module:function(params: dict, work: Path) -> dict
+    job: workbench.commands.study_jobs:probe          # module:function(params: dict, work: Path) -> dict
     grid: {model: [smollm2-135m, gemma3-270m], condition: [injection]}
     fixed: {n_pairs: 300, layers: every-2}   # passed to every job
     quick: {n_pairs: 50}                     # --quick: overrides of fixed (and of grid, under "grid")
-    report: workbench.study_jobs:probe_report  # optional: fn(outcome, out) writes figures beside the table
+    report: workbench.commands.study_jobs:probe_report  # optional: fn(outcome, out) writes figures beside the table
 
 ``grid`` may also be a list of such mappings: the union of their products (e.g. the backdoor
 condition only on the backdoored model).

@@ -249,7 +249,7 @@ def prepare_model(cfg: dict, model, only_analysis: bool = False) -> dict:
     Descriptions and the interference map are reused when they are newer than the SAE and were made
     with the same settings; ``only_analysis`` trains just the analysis SAE (what a partner model needs).
     """
-    from workbench.sae.cli import (
+    from workbench.commands.sae import (
         EMBEDDINGS_FILE,
         FEATURES_FILE,
         INTERFERENCE_FILE,

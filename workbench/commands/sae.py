@@ -1,4 +1,4 @@
-"""Implementations of ``workbench sae train|features|interference|intervene``: plain functions returning dicts.
+"""``workbench sae train|features|interference|intervene``: plain functions returning dicts.
 
 The CLI (and the app, and the study) call these; they load what they need, write results next to
 the SAE in the user cache, and never print.
@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from workbench.errors import WorkbenchError
-from workbench.sae.train import EMBEDDINGS_FILE, FEATURES_FILE, INTERFERENCE_FILE  # noqa: F401 (re-exported)
+from workbench.sae.train import EMBEDDINGS_FILE, FEATURES_FILE, INTERFERENCE_FILE
 
 log = logging.getLogger(__name__)
 

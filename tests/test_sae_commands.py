@@ -17,7 +17,7 @@ def text(tmp_path_factory):
 
 
 def test_run_functions_end_to_end(tiny, text, tmp_path, monkeypatch):
-    from workbench.sae.cli import run_features, run_interference, run_intervene, run_train
+    from workbench.commands.sae import run_features, run_interference, run_intervene, run_train
 
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))
     res = run_train(tiny, "blocks.2.hook_resid_post", name="t", n_tokens=64 * 64, block_len=64, d_sae=128, k=8,

@@ -31,9 +31,6 @@ from workbench.errors import WorkbenchError
 from workbench.tools import quant
 from workbench.tools.drift import (
     DriftMeter,
-    check_layers,
-    drift_figure,
-    has_drift,
     relative_l2,
     site_activations,
     token_rows,
@@ -274,42 +271,6 @@ def compare_settings(model, token_blocks: torch.Tensor, settings: Sequence[str |
     return rows
 
 
-# ----------------------------------------------------------------------------- study / CLI entry point
-
-
-def check_results_folder(out) -> None:
-    """A results folder (``--out``) that can be written: refused up front, not after the whole evaluation."""
-    from pathlib import Path
-
-    if out is not None and Path(out).exists() and not Path(out).is_dir():
-        raise WorkbenchError(f"--out {out} is a file: give a folder path")
-
-
-def environment() -> dict:
-    """Package versions and machine facts recorded beside every result."""
-    import importlib.metadata
-    import platform
-
-    versions = {}
-    for pkg in ("workbench", "torch", "transformer-lens", "transformers", "numpy"):
-        try:
-            versions[pkg] = importlib.metadata.version(pkg)
-        except importlib.metadata.PackageNotFoundError:
-            versions[pkg] = None
-    return {"python": platform.python_version(), "platform": platform.platform(),
-            "torch_threads": torch.get_num_threads(), "packages": versions}
-
-
-def markdown_table(rows: Sequence[dict], columns: Sequence[str], digits: int = 3) -> str:
-    """A GitHub markdown table of ``columns`` from result rows (floats rounded)."""
-    def cell(v):
-        return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
-
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(cell(r[c]) for c in columns) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
-
-
 QUANT_COLUMNS = ("setting", "weight_bits", "act_bits", "mixes", "ppl", "ppl_window_end", "float_ppl_window_end",
                  "drift_tokens_mean", "drift_tokens_last", "drift_last")
 
@@ -330,73 +291,3 @@ def quant_figure(rows: Sequence[dict], title: str = "Quantization"):
     fig.update_yaxes(type="log", row=1, col=2)
     fig.update_layout(title=title, barmode="group", height=500, width=1200)
     return fig
-
-
-def run_quant_eval(model: str = "smollm2-135m", settings: Sequence[str | dict] | None = None,
-                   out: str | None = None, n_tokens: int = 16384, block_len: int = 512, seed: int = 0,
-                   batch_size: int = 2, drift_blocks: int = 2, split: str = "heldout",
-                   source: str | None = None, progress: bool = True, config: dict | None = None,
-                   topology_layers: Sequence[int] | None = None, topology_k: int = 128,
-                   sae: str | None = None) -> list[dict]:
-    """Load ``model``, score ``settings`` on held-out corpus text, write results.{csv,json} and figure.html to ``out``.
-
-    This is ``workbench quant eval``. ``settings`` defaults to every preset; ``source`` is a
-    local .txt/.md/.jsonl file or folder instead of the package-docs corpus; ``topology_layers``
-    and ``sae`` (a trained SAE's name or folder) add the topology and SAE drift columns.
-    """
-    from workbench.data.corpus import token_blocks
-    from workbench.models import load_model
-
-    chosen = list(settings) if settings else list(PRESETS)
-    resolved = [resolve_setting(s) for s in chosen]  # fail on a typo before loading anything
-    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < block_len:
-        raise WorkbenchError(f"n_tokens={n_tokens!r}: evaluate at least one block of {block_len} tokens")
-    check_results_folder(out)
-    torch.manual_seed(seed)
-    hooked = load_model(model)
-    check_layers(hooked, topology_layers)
-    blocks = token_blocks(hooked.tokenizer, n_tokens, block_len, split=split, seed=seed, source=source)
-    rows = compare_settings(hooked, blocks, resolved, batch_size=batch_size, drift_blocks=drift_blocks,
-                            progress=progress, topology_layers=topology_layers, topology_k=topology_k,
-                            sae=sae, seed=seed)
-    if out is not None:
-        write_quant_results(rows, out, model, block_len, resolved, source=source, config=config or {
-            "model": model, "n_tokens": n_tokens, "block_len": block_len, "seed": seed, "batch_size": batch_size,
-            "drift_blocks": drift_blocks, "split": split, "source": source, "topology_layers": topology_layers,
-            "topology_k": topology_k, "sae": sae})
-    return rows
-
-
-def write_quant_results(rows: list[dict], out, model: str, block_len: int, settings: Sequence,
-                        source: str | None = None, config: dict | None = None) -> None:
-    """results.csv, results.json (config, settings, environment, corpus), results.md and figure.html in ``out``."""
-    import json
-    from pathlib import Path
-
-    from workbench.data.corpus import corpus_manifest
-    from workbench.store import write_csv_atomic
-
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    write_csv_atomic(folder / "results.csv", [{k: v for k, v in r.items() if not isinstance(v, list)} for r in rows])
-    n_tokens = rows[0]["n_tokens"]
-    record = {
-        "config": config,
-        "settings": [dataclasses.asdict(resolve_setting(s)) for s in settings],
-        "environment": environment(),
-        "corpus": None if source else corpus_manifest(),
-        "causality": "ppl: full-sequence prefill (non-causal under sequence transforms); "
-                     "ppl_window_end: predictions at the last position of each 2**levels window only "
-                     "(causal under Haar, NaN when the transform spans the whole sequence).",
-        "rows": rows,
-    }
-    (folder / "results.json").write_text(json.dumps(record, indent=2))
-    (folder / "results.md").write_text(
-        f"{model}, {n_tokens} held-out tokens in blocks of {block_len}. ppl: full-sequence prefill; "
-        "ppl_window_end: causal positions only (see workbench.tools.evaluate); drift: relative L2 error "
-        "of resid_post vs float (tokens = without BOS).\n\n" + markdown_table(rows, QUANT_COLUMNS))
-    quant_figure(rows, f"Quantization of {model} ({n_tokens} held-out tokens)").write_html(
-        folder / "figure.html", include_plotlyjs="cdn")
-    if has_drift(rows):
-        drift_figure(rows, "setting", f"What quantization does to {model}'s topology and SAE features").write_html(
-            folder / "drift.html", include_plotlyjs="cdn")

@@ -5,8 +5,9 @@ import json
 import numpy as np
 import pytest
 
+from workbench.commands.topology import run_topology_file
 from workbench.errors import WorkbenchError
-from workbench.topology.cli import load_diagrams, run_topology_file
+from workbench.topology.diagrams import load_diagrams
 
 
 @pytest.fixture
@@ -66,7 +67,7 @@ def test_importing_the_cli_implementation_stays_light():
     from pathlib import Path
 
     code = (
-        "import sys, workbench.topology, workbench.topology.cli\n"
+        "import sys, workbench.topology, workbench.commands.topology\n"
         "heavy = [m for m in ('torch', 'gudhi', 'gph', 'ripser', 'sklearn', 'plotly', 'triton') if m in sys.modules]\n"
         "print(heavy)\n"
     )

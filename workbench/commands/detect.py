@@ -1,0 +1,146 @@
+"""``workbench detect``: train a per-prompt injection detector once (saved as plain JSON), reuse it, score prompts.
+
+The views, the fit and the scoring are ``workbench.detect``; this module owns the detector's folder.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from workbench.detect import (
+    REQUIRED,
+    VIEWS,
+    DetectorConfig,
+    check_detector,
+    content_key,
+    features,
+    fit_logistic,
+    model_identity,
+    reference_features,
+    resolve_layer,
+    score_logistic,
+    score_prompts,
+)
+from workbench.errors import WorkbenchError
+from workbench.store import write_json_atomic
+
+
+def train_detector(model, config: DetectorConfig, out: str | Path, progress: bool = True) -> dict:
+    """Fit the three views on the generator's train split; AUC on its held-out split; save as JSON."""
+    from sklearn.metrics import roc_auc_score
+
+    from workbench.models import has_chat_template
+    from workbench.probe import ProbeConfig, condition_prompts
+
+    out = Path(out)
+    layer = resolve_layer(model, config.layer)
+    identity = model_identity(model)
+    records = condition_prompts(model, "injection", ProbeConfig(n_pairs=config.n_pairs, seed=config.seed))
+    y = np.array([r["label"] == "injected" for r in records], dtype=int)
+    split = np.array([r["split"] for r in records])
+    train, test = split == "train", split == "heldout"
+    # captures keyed by what changes them, so a retrain with other settings never meets an older capture
+    views = features(model, records, layer, out / "captures" / content_key(asdict(config), identity, layer), config,
+                     progress=progress)
+    X_last = views["probe"][0]
+    rng = np.random.default_rng(config.seed)
+    clean_train = np.flatnonzero(train & (y == 0))
+    ref_rows = rng.choice(clean_train, size=min(config.reference_size, len(clean_train) // 2), replace=False)
+    reference = X_last[ref_rows]
+    views["reference"] = reference_features(X_last, reference, config.maxdim, progress)
+    fit_rows = train.copy()
+    fit_rows[ref_rows] = False  # reference points are not scored against themselves
+    detector = {"config": asdict(config), "layer": layer, **identity, "chat": bool(has_chat_template(model)),
+                "reference": reference.tolist(), "views": {}}
+    for view, (X, names) in views.items():
+        params = fit_logistic(X[fit_rows], y[fit_rows], config.C)
+        scores = score_logistic(params, X[test])
+        detector["views"][view] = {"names": names, "params": params,
+                                   "auc_heldout": float(roc_auc_score(y[test], scores)),
+                                   "auc_train": float(roc_auc_score(y[fit_rows], score_logistic(params, X[fit_rows])))}
+    detector["n_train"], detector["n_heldout"] = int(fit_rows.sum()), int(test.sum())
+    by_family = {}
+    for view in VIEWS:
+        params = detector["views"][view]["params"]
+        scores = score_logistic(params, views[view][0])
+        for family in sorted({r["attack_family_of_pair"] for r in records}):
+            rows = test & np.array([r["attack_family_of_pair"] == family for r in records])
+            if rows.any() and len(set(y[rows])) == 2:
+                by_family.setdefault(family, {})[view] = float(roc_auc_score(y[rows], scores[rows]))
+    detector["auc_heldout_by_family"] = by_family
+    write_json_atomic(out / "detector.json", detector)
+    return detector
+
+
+def load_detector(path: str | Path) -> dict:
+    """A detector.json, checked to hold everything scoring reads (one line naming what is wrong)."""
+    path = Path(path)
+    if not path.exists():
+        raise WorkbenchError(f"no detector at {path}: run `workbench detect --train` first")
+    retrain = "re-train it with `workbench detect --train`"
+    try:
+        detector = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise WorkbenchError(f"{path} is not valid JSON (corrupt): {retrain}") from None
+    if not isinstance(detector, dict):
+        raise WorkbenchError(f"{path} is not a detector (not a JSON object): {retrain}")
+    missing = [k for k in REQUIRED if k not in detector]
+    views = detector.get("views")
+    if not missing and isinstance(views, dict):
+        missing = [f"views.{v}" for v in VIEWS if not isinstance(views.get(v), dict) or not isinstance(
+            views[v].get("params"), dict) or any(p not in views[v]["params"] for p in ("mean", "scale", "coef",
+                                                                                      "intercept"))]
+    if missing or not isinstance(views, dict):
+        raise WorkbenchError(f"{path} lacks {', '.join(missing) or 'views'} (older or damaged detector): {retrain}")
+    if not isinstance(detector["config"], dict):
+        raise WorkbenchError(f"{path} has no valid config: {retrain}")
+    try:
+        DetectorConfig(**detector["config"])
+    except TypeError as exc:
+        raise WorkbenchError(f"{path} has an unknown config ({exc}): {retrain}") from None
+    return detector
+
+
+def detector_folder(model, layer: int | None, detector_dir: str | Path | None = None) -> Path:
+    """Where this model's detector lives: ``detector_dir`` or a folder in the user cache named by model and layer."""
+    from workbench.paths import cache_dir, model_folder_name
+
+    if detector_dir is not None:
+        return Path(detector_dir)
+    name = model_folder_name(model.workbench["name"])
+    return cache_dir("detectors") / f"{name}-L{layer if layer is not None else 'mid'}"
+
+
+def trained_or_loaded(model, config: DetectorConfig, folder: Path, train: bool = False, pairs: int | None = None,
+                      seed: int | None = None, progress: bool = True) -> tuple[dict, bool]:
+    """The detector in ``folder`` (trained now when asked or absent), checked against this model and the asked
+    ``--pairs``/``--seed``; returns (detector, whether it was trained now)."""
+    path = Path(folder) / "detector.json"
+    if train or not path.exists():
+        config.model = model.workbench["name"]
+        return train_detector(model, config, folder, progress=progress), True
+    detector = load_detector(path)
+    check_detector(model, detector, config.layer)
+    trained = detector["config"]
+    for option, asked, key in (("--pairs", pairs, "n_pairs"), ("--seed", seed, "seed")):
+        if asked is not None and trained.get(key) != asked:
+            raise WorkbenchError(f"the detector in {folder} was trained with {option} {trained.get(key)}, "
+                                 f"not {asked}: pass --train to refit it (or another --detector-dir)")
+    return detector, False
+
+
+def score_file(model, detector: dict, records: list[dict], out: Path, chat: bool = True) -> list[dict]:
+    """Score ``records`` (wrapped in the chat template when ``chat`` and the model has one) into ``out`` (JSONL)."""
+    from workbench.data.injection import write_jsonl
+    from workbench.models import chat_record, has_chat_template
+    from workbench.paths import cache_dir
+
+    if chat and has_chat_template(model):
+        records = [chat_record(model, r) for r in records]
+    rows = score_prompts(model, detector, records, cache_dir("detect-work"))
+    write_jsonl(rows, out)
+    return rows

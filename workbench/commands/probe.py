@@ -1,0 +1,91 @@
+"""``workbench probe``: capture, analyze and report every condition into one run folder.
+
+Every stage writes its result to ``out`` before the next starts, so an interrupted probe resumes where it
+stopped (layers are cached under keys of every input, see ``workbench.probe.layer_key``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from workbench.errors import WorkbenchError
+from workbench.probe import ProbeConfig, analyze_condition, condition_prompts, flow_by_class
+from workbench.store import write_json_atomic
+
+RUN_FILES = ("config.json", "report.json", "report.html", "stores", "layers")  # what a probe writes in its folder
+
+
+def run_probe(model, config: ProbeConfig, out: str | Path, progress: bool = True, overwrite: bool = False) -> dict:
+    """Capture, analyze and report every condition; returns the report (also in ``out/report.json``).
+
+    ``out`` holds one run: the same configuration resumes it, another one is refused unless
+    ``overwrite`` (which then replaces the probe's own files there and nothing else). Everything is
+    checked before the first file is written, so a refused run leaves ``out`` as it was.
+    """
+    from workbench.capture import capture, resid_sites
+    from workbench.data.injection import write_jsonl
+    from workbench.probe_report import write_probe_html
+    from workbench.report import versions
+
+    out = Path(out)
+    config.check_protocol()
+    sites = resid_sites(model, config.layers)
+    prompts = {condition: condition_prompts(model, condition, config) for condition in config.conditions}
+    if check_run_folder(out, config, overwrite):  # another run's files, replaced (only with ``overwrite``)
+        for name in RUN_FILES:
+            target = out / name
+            shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
+        for old in out.glob("prompts-*.jsonl"):
+            old.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "config.json", asdict(config))
+    report = {"config": asdict(config), "model": getattr(model, "workbench", {"name": model.cfg.model_name}),
+              "versions": versions(), "conditions": {}}
+    for condition, records in prompts.items():
+        clock = [time.perf_counter()]
+        write_jsonl(records, out / f"prompts-{condition}.jsonl")
+        store = capture(model, records, sites, out / "stores" / condition, positions="last",
+                        batch_size=config.batch_size, progress=progress)
+        clock.append(time.perf_counter())
+        result = analyze_condition(store, condition, config, out / "layers" / condition, progress)
+        clock.append(time.perf_counter())
+        result["neuron_flow"] = flow_by_class(store, condition, config)
+        clock.append(time.perf_counter())
+        # this run's seconds per stage (a resumed run counts only what it recomputed)
+        result["seconds"] = dict(zip(("capture", "topology", "neuron_flow"), np.diff(clock).round(2).tolist(),
+                                     strict=True))
+        report["conditions"][condition] = result
+    write_json_atomic(out / "report.json", report)
+    write_probe_html(report, out / "report.html")
+    return report
+
+
+def check_run_folder(out: Path, config: ProbeConfig, overwrite: bool = False) -> bool:
+    """Whether ``out`` holds a run with other settings (which only ``overwrite`` may replace; else refused).
+
+    A new or empty folder, or one holding this same configuration, is fine (False); a file never is.
+    """
+    if out.exists() and not out.is_dir():
+        raise WorkbenchError(f"--out {out} is a file: give a folder path")
+    saved = out / "config.json"
+    if not saved.exists():
+        return False
+    try:
+        old = json.loads(saved.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        old, differ = {}, ["config.json"]
+    else:
+        new = json.loads(json.dumps(asdict(config), default=str))
+        differ = [k for k in new if k != "batch_size" and old.get(k) != new[k]]
+    if differ and not overwrite:
+        k = differ[0]
+        there = f"{k}: {old.get(k)!r} there, {getattr(config, k)!r} now" if old else "its config.json is unreadable"
+        raise WorkbenchError(f"{out} holds a probe run with other settings ({there}): "
+                             "pass --overwrite to replace it, or choose another --out")
+    return bool(differ)
