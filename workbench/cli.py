@@ -51,7 +51,7 @@ def _split(text: str | None) -> list[str]:
     return [part.strip() for part in (text or "").split(",") if part.strip()]
 
 
-def _layers(text: str | None, option: str = "--layers") -> list[int] | None:
+def _parse_layers(text: str | None, option: str = "--layers") -> list[int] | None:
     if not text:
         return None
     try:
@@ -114,7 +114,7 @@ def capture(
 
     records = read_prompt_file(prompts)
     hooked = _load(model, model_path, device, dtype)
-    names = _split(sites) + (resid_sites(hooked, _layers(layers)) if layers else [])
+    names = _split(sites) + (resid_sites(hooked, _parse_layers(layers)) if layers else [])
     if chat:
         records = [chat_record(hooked, r) for r in records]
     store = run_capture(hooked, records, names, out, positions=positions, batch_size=batch_size,
@@ -160,7 +160,7 @@ def probe(
     if condition not in (*CONDITIONS, "both"):
         raise WorkbenchError(f"unknown condition {condition!r}: use injection, backdoor or both")
     conditions = CONDITIONS if condition == "both" else (condition,)
-    chosen = _layers(layers)
+    chosen = _parse_layers(layers)
     overrides = {k: v for k, v in dict(conditions=conditions, layers=chosen, seed=seed, batch_size=batch_size,
                                          n_pairs=pairs).items() if v is not None}
     config = ProbeConfig.quick(**overrides) if quick else ProbeConfig(**overrides)  # validates before loading
@@ -386,7 +386,7 @@ def quant_eval(
 
     rows = run_quant_eval(model=model, settings=_split(settings) or None, n_tokens=n_tokens,
                           out=str(out) if out else None, seed=seed,
-                          topology_layers=_layers(topology_layers, "--topology-layers"), sae=sae)
+                          topology_layers=_parse_layers(topology_layers, "--topology-layers"), sae=sae)
     _echo_json(rows)
 
 
@@ -411,7 +411,7 @@ def attention_eval(
 
     _echo_json(run_attention_eval(model=model, methods=_split(methods) or None, context=context,
                                   decode_steps=decode_steps, out=str(out) if out else None, seed=seed,
-                                  topology_layers=_layers(topology_layers, "--topology-layers"), sae=sae))
+                                  topology_layers=_parse_layers(topology_layers, "--topology-layers"), sae=sae))
 
 
 @app.command()

@@ -21,11 +21,10 @@ import numpy as np
 
 from workbench.errors import WorkbenchError
 from workbench.store import write_json_atomic
+from workbench.topology.signature import COMPRESSION_SIGNATURE
 
 log = logging.getLogger(__name__)
 
-# The reference finding ("topological compression") as signed expectations under attack.
-COMPRESSION_SIGNATURE = {"h0_death_mean": +1, "h1_count": -1, "h1_persistence_mean": +1, "h1_entropy": -1}
 ADVERSARIAL_LABEL = {"injection": "injected", "backdoor": "triggered"}
 CONDITIONS = tuple(ADVERSARIAL_LABEL)
 LAYER_PROTOCOL = 2  # bump when analyze_layer's output changes: cached layers of another protocol are recomputed

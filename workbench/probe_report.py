@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from workbench.probe import COMPRESSION_SIGNATURE, summary_table
+from workbench.probe import summary_table
 from workbench.report import html_table, write_html
 from workbench.topology.diagrams import diagrams_from_lists
+from workbench.topology.signature import COMPRESSION_SIGNATURE
 
 
 def auc_figure(result: dict, title: str):

@@ -6,10 +6,10 @@ from wbapp.figures import overlay_diagrams
 from wbapp.runs import current_run, load_report
 from wbapp.ui import missing, user_errors
 
-from workbench.probe import COMPRESSION_SIGNATURE
 from workbench.probe_report import auc_figure, betti_figure, effect_heatmap, flow_figure, signature_figure
 from workbench.topology.diagrams import diagrams_from_lists
 from workbench.topology.plots import diagram_figure
+from workbench.topology.signature import COMPRESSION_SIGNATURE
 
 st.title("Topology")
 run = current_run()

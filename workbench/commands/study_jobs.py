@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from workbench.topology.signature import SIGNATURE_FEATURES
+
 
 def probe(params: dict, work: Path) -> list[dict]:
     """One probe (model x condition); rows per layer with the signature features (see ``probe.report_rows``)."""
@@ -17,7 +19,7 @@ def probe(params: dict, work: Path) -> list[dict]:
     params = dict(params)
     name, condition = params.pop("model"), params.pop("condition", "injection")
     model = load_model(name, device=params.pop("device", "cpu"))
-    layers = _layers(params.pop("layers", None), model.cfg.n_layers)
+    layers = _layer_spec(params.pop("layers", None), model.cfg.n_layers)
     if "flow_gaps" in params:
         params["flow_gaps"] = tuple(params["flow_gaps"])
     config = ProbeConfig(model=name, conditions=(condition,), layers=layers, **params)
@@ -26,7 +28,7 @@ def probe(params: dict, work: Path) -> list[dict]:
     return report_rows(report)
 
 
-def _layers(spec, n_layers: int) -> list[int] | None:
+def _layer_spec(spec, n_layers: int) -> list[int] | None:
     """``None``/"all", "every-N" (always keeping the last layer), or an explicit list."""
     if spec in (None, "all"):
         return None
@@ -58,7 +60,6 @@ def cloud_topology(params: dict, work: Path) -> dict:
 # ----------------------------------------------------------------------------- the studies' jobs and reports
 # A report is ``fn(outcome, out)``: it writes a study's figures and per-job files beside the runner's table.
 
-SIGNATURE = ("h0_death_mean", "h1_count", "h1_persistence_mean", "h1_entropy")
 
 
 def probe_report(outcome: dict, out: Path) -> None:
@@ -85,7 +86,7 @@ def probe_report(outcome: dict, out: Path) -> None:
         ax.set_xlabel("layer")
         ax.legend(fontsize=8)
         ax = axes[m, 1]
-        for feature in SIGNATURE:
+        for feature in SIGNATURE_FEATURES:
             g = [r[f"{feature}_g"] for r in mine]
             err = [[r[f"{feature}_g"] - r[f"{feature}_g_low"] for r in mine],
                    [r[f"{feature}_g_high"] - r[f"{feature}_g"] for r in mine]]
@@ -111,10 +112,7 @@ def quant_report(outcome: dict, out: Path) -> None:
     """results/<model>/: results.csv, results.json, results.md and figure.html (what the app shows)."""
     from workbench.commands.quant import write_quant_results
 
-    for job in _done(outcome):
-        p = job["params"]
-        write_quant_results(job["result"], Path(out) / p["model"], p["model"], p["block_len"], p["settings"],
-                            source=p.get("source"), config={**p, "quick": outcome["config"]["quick"]})
+    _write_per_model(outcome, out, write_quant_results, "block_len", "settings")
 
 
 def attention(params: dict, work: Path) -> list[dict]:
@@ -129,10 +127,15 @@ def attention_report(outcome: dict, out: Path) -> None:
     """results/<model>/: results.csv, results.json, results.md and figure.html (what the app shows)."""
     from workbench.commands.attention import write_attention_results
 
+    _write_per_model(outcome, out, write_attention_results, "context", "decode_steps")
+
+
+def _write_per_model(outcome: dict, out: Path, write, *fields: str) -> None:
+    """A tool's results folder per finished model: ``write(rows, folder, model, *params[fields], ...)``."""
     for job in _done(outcome):
         p = job["params"]
-        write_attention_results(job["result"], Path(out) / p["model"], p["model"], p["context"], p["decode_steps"],
-                                source=p.get("source"), config={**p, "quick": outcome["config"]["quick"]})
+        write(job["result"], Path(out) / p["model"], p["model"], *(p[f] for f in fields), source=p.get("source"),
+              config={**p, "quick": outcome["config"]["quick"]})
 
 
 def backdoor(params: dict, work: Path) -> dict:

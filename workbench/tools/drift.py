@@ -21,8 +21,7 @@ import numpy as np
 import torch
 
 from workbench.errors import WorkbenchError
-
-SIGNATURE = ("h0_death_mean", "h1_count", "h1_persistence_mean", "h1_entropy")
+from workbench.topology.signature import SIGNATURE_FEATURES
 
 
 def site_activations(model, tokens: torch.Tensor, sites: Sequence[str]) -> dict[str, torch.Tensor]:
@@ -44,7 +43,7 @@ def relative_l2(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor], site
     return [((got[n][:, start:] - ref[n][:, start:]).norm() / ref[n][:, start:].norm()).item() for n in sites]
 
 
-def cloud_topology(clouds: dict, k: int = 128, seed: int = 0, maxdim: int = 1) -> dict:
+def cloud_signatures(clouds: dict, k: int = 128, seed: int = 0, maxdim: int = 1) -> dict:
     """Persistence of ``k`` rows of each layer's cloud, the same rows for every call with the same seed."""
     from workbench.topology.persistence import rips_persistence
 
@@ -62,14 +61,14 @@ def topology_drift(ref: dict, got: dict) -> dict[str, dict]:
     summary = BarcodeSummary(dims=(0, 1)).fit([ref[L] for L in ref])
     names = list(summary.get_feature_names_out())
     out: dict[str, dict] = {"bottleneck_h0": {}, "bottleneck_h1": {}}
-    out |= {f"{f}_change": {} for f in SIGNATURE}
+    out |= {f"{f}_change": {} for f in SIGNATURE_FEATURES}
     for L in ref:
         deaths = ref[L].dgms[0][:, 1]
         scale = float(np.max(deaths[np.isfinite(deaths)], initial=0.0)) or 1.0
         for dim in (0, 1):
             out[f"bottleneck_h{dim}"][L] = bottleneck_distance(ref[L].dgms[dim], got[L].dgms[dim]) / scale
         a, b = summary.transform([ref[L], got[L]])
-        for f in SIGNATURE:
+        for f in SIGNATURE_FEATURES:
             i = names.index(f)
             out[f"{f}_change"][L] = float((b[i] - a[i]) / abs(a[i])) if a[i] else float(b[i] != a[i])
     return out
@@ -133,13 +132,13 @@ class DriftMeter:
 
     def set_reference(self, streams: dict[str, torch.Tensor]) -> None:
         self.ref = streams
-        self.ref_topology = cloud_topology({n: streams[n] for n in self.topology_sites}, self.k, self.seed)
+        self.ref_topology = cloud_signatures({n: streams[n] for n in self.topology_sites}, self.k, self.seed)
 
     def measure(self, streams: dict[str, torch.Tensor]) -> dict:
         """Drift columns: means over the layers, per-layer lists, and the SAE's figures."""
         out: dict = {}
         if self.topology_sites:
-            got = cloud_topology({n: streams[n] for n in self.topology_sites}, self.k, self.seed)
+            got = cloud_signatures({n: streams[n] for n in self.topology_sites}, self.k, self.seed)
             out["ph_layers"] = [int(n.split(".")[1]) for n in self.topology_sites]
             for key, per_site in topology_drift(self.ref_topology, got).items():
                 values = [per_site[n] for n in self.topology_sites]

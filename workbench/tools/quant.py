@@ -481,7 +481,7 @@ def _quantize_param(w: torch.Tensor, input_axes: Sequence[int], bits: int, group
     return q.permute(torch.argsort(torch.tensor(perm)).tolist())
 
 
-def _layers(model, layers: Iterable[int] | None) -> list[int]:
+def _existing_layers(model, layers: Iterable[int] | None) -> list[int]:
     n = model.cfg.n_layers
     chosen = list(range(n)) if layers is None else sorted(set(layers))
     bad = [L for L in chosen if not 0 <= L < n]
@@ -503,7 +503,7 @@ def quantized_weights(
     params = dict(model.named_parameters())
     try:
         with torch.no_grad():
-            for L in _layers(model, layers):
+            for L in _existing_layers(model, layers):
                 for suffix, axes in _WEIGHT_INPUT_AXES.items():
                     p = params.get(f"blocks.{L}.{suffix}")
                     if p is None:
@@ -542,7 +542,7 @@ def activation_hooks(
     if unknown:
         raise WorkbenchError(f"Unknown sites {unknown}: choose from {', '.join(LINEAR_INPUT_SITES)}.")
     pairs: list[Hook] = []
-    for L in _layers(model, layers):
+    for L in _existing_layers(model, layers):
         for site in sites:
             name = LINEAR_INPUT_SITES[site].format(L=L)
             gain = _norm_weight(model, name) if site in ("attn_in", "mlp_in") else None
