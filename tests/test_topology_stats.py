@@ -119,3 +119,17 @@ def test_part_level_test_is_honest_and_still_finds_a_real_difference():
     assert res.p_parts[1, res.names.index("h1_count")] < 0.05
     tested = res.p_parts[0][res.p_parts[0] < 1]  # constant features give p = 1
     assert (tested < 0.01).mean() < 0.1
+
+
+def test_benjamini_hochberg_leaves_nan_out_of_the_count():
+    p = np.array([[0.001, np.nan], [0.02, 0.04]])
+    q = benjamini_hochberg(p)
+    assert np.isnan(q[0, 1])
+    assert np.allclose(q[np.isfinite(p)], benjamini_hochberg(np.array([0.001, 0.02, 0.04])))
+
+
+def test_an_untestable_signature_feature_is_not_significant():
+    from workbench.probe import signature_agreement
+
+    verdicts = signature_agreement(["h0_death_mean", "h1_count"], g=[2.0, -3.0], q=[float("nan"), 0.01])
+    assert verdicts == {"h0_death_mean": "n.s.", "h1_count": "agrees"}

@@ -221,7 +221,8 @@ def signature_agreement(names: list[str], g: list[float], q: list[float], alpha:
         if feature not in names:
             continue
         i = names.index(feature)
-        out[feature] = "n.s." if q[i] >= alpha else ("agrees" if np.sign(g[i]) == sign else "opposes")
+        significant = q[i] < alpha  # a NaN q (untestable feature) is not significant
+        out[feature] = "agrees" if significant and np.sign(g[i]) == sign else "opposes" if significant else "n.s."
     return out
 
 

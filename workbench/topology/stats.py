@@ -155,17 +155,19 @@ def permutation_test(a: np.ndarray, b: np.ndarray, n_perm: int = 2000, seed: int
 
 
 def benjamini_hochberg(p) -> np.ndarray:
-    """BH-adjusted q-values of any-shaped array of p-values (adjusted jointly)."""
+    """BH-adjusted q-values of any-shaped array of p-values (adjusted jointly, ``scipy.stats.false_discovery_control``).
+
+    A NaN p-value (an untestable feature, e.g. constant in both classes) stays NaN and does not count among
+    the tests; it never turns the other q-values into NaN, and a NaN q is never significant.
+    """
+    from scipy.stats import false_discovery_control
+
     p = np.asarray(p, dtype=float)
-    flat = p.ravel()
-    if flat.size == 0:
-        return p.copy()
-    order = np.argsort(flat)
-    ranked = flat[order] * flat.size / np.arange(1, flat.size + 1)
-    q = np.minimum.accumulate(ranked[::-1])[::-1]
-    out = np.empty_like(flat)
-    out[order] = np.minimum(q, 1.0)
-    return out.reshape(p.shape)
+    out = np.full(p.shape, np.nan)
+    ok = np.isfinite(p)
+    if ok.any():
+        out[ok] = false_discovery_control(np.clip(p[ok], 0.0, 1.0), method="bh")
+    return out
 
 
 class DropCorrelated(TransformerMixin, BaseEstimator):
