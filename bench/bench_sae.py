@@ -31,10 +31,10 @@ def rss_mb() -> float:
 def main() -> None:
     import torch
 
+    from workbench.io import write_json_atomic
     from workbench.report import versions
     from workbench.sae.interference import interference_scan
     from workbench.sae.train import TrainConfig, train_sae
-    from workbench.store import write_json_atomic
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--d-in", type=int, default=576)

@@ -9,9 +9,9 @@ from workbench.data.injection import (
     HELDOUT_DOCUMENTS,
     generate_injection_pairs,
     import_records,
-    write_jsonl,
 )
 from workbench.errors import WorkbenchError
+from workbench.io import write_jsonl
 
 
 def test_pairs_are_matched_reproducible_and_varied():

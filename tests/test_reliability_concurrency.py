@@ -98,7 +98,7 @@ def test_two_captures_on_one_out_one_is_refused_naming_the_holder(tmp_path, tiny
 HOLD = """
     import sys, time
     from pathlib import Path
-    from workbench.store import exclusive
+    from workbench.io import exclusive
     with exclusive(sys.argv[1], "the test lock"):
         Path(sys.argv[2]).touch()
         time.sleep(float(sys.argv[3]))
@@ -106,7 +106,7 @@ HOLD = """
 
 
 def test_exclusive_fails_fast_naming_the_holder_or_waits_for_it(tmp_path):
-    from workbench.store import exclusive
+    from workbench.io import exclusive
 
     lock, held = tmp_path / "x" / ".lock", tmp_path / "held"
     holder = start(HOLD, lock, held, 3)
@@ -131,7 +131,7 @@ BUILD_MODEL_CACHE = WAIT_FOR_GO + """
     import json
     from workbench.models import load_model
     from workbench.models.loading import _read_cache, _write_cache
-    from workbench.store import build_once
+    from workbench.io import build_once
     model = load_model("tiny", device="cpu")
     folder = Path(sys.argv[2])
 
@@ -167,7 +167,7 @@ def test_two_first_loads_build_the_model_cache_once(tmp_path):
 
 
 WRITE_JSON = WAIT_FOR_GO + """
-    from workbench.store import write_json_atomic
+    from workbench.io import write_json_atomic
     ready_then_wait()
     for i in range(300):
         write_json_atomic(Path(sys.argv[2]), {"pid": os.getpid(), "i": i, "pad": "x" * 5000})

@@ -65,8 +65,8 @@ def test_a_second_collector_waits_for_the_first(tiny, text_source, tmp_path):
     import threading
     import time
 
+    from workbench.io import exclusive
     from workbench.sae.train import collect_activations
-    from workbench.store import exclusive
 
     out = tmp_path / "acts"
     result = {}

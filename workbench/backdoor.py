@@ -30,7 +30,7 @@ from pathlib import Path
 
 from workbench.data import backdoor as data
 from workbench.errors import WorkbenchError
-from workbench.store import write_json_atomic
+from workbench.io import write_json_atomic
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from workbench.errors import WorkbenchError
-from workbench.store import write_json_atomic
+from workbench.io import write_json_atomic
 from workbench.topology.signature import COMPRESSION_SIGNATURE
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ import platform
 import sys
 from pathlib import Path
 
-from workbench.store import write_json_atomic
+from workbench.io import write_json_atomic
 
 
 def versions() -> dict:

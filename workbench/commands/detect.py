@@ -26,7 +26,7 @@ from workbench.detect import (
     score_prompts,
 )
 from workbench.errors import WorkbenchError
-from workbench.store import write_json_atomic
+from workbench.io import write_json_atomic
 
 
 def train_detector(model, config: DetectorConfig, out: str | Path, progress: bool = True) -> dict:
@@ -135,7 +135,7 @@ def trained_or_loaded(model, config: DetectorConfig, folder: Path, train: bool =
 
 def score_file(model, detector: dict, records: list[dict], out: Path, chat: bool = True) -> list[dict]:
     """Score ``records`` (wrapped in the chat template when ``chat`` and the model has one) into ``out`` (JSONL)."""
-    from workbench.data.injection import write_jsonl
+    from workbench.io import write_jsonl
     from workbench.models import chat_record, has_chat_template
     from workbench.paths import cache_dir
 

@@ -428,7 +428,7 @@ def run_experiment(cfg: dict) -> dict:
 
 def write_experiment(result: dict, out: str | Path) -> Path:
     """The study's files in ``out`` (see the module docstring)."""
-    from workbench.store import write_csv_atomic, write_json_atomic
+    from workbench.io import write_csv_atomic, write_json_atomic
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from workbench.errors import WorkbenchError
+from workbench.io import write_json_atomic
 from workbench.probe import ProbeConfig, analyze_condition, condition_prompts, flow_by_class
-from workbench.store import write_json_atomic
 
 RUN_FILES = ("config.json", "report.json", "report.html", "stores", "layers")  # what a probe writes in its folder
 
@@ -29,7 +29,7 @@ def run_probe(model, config: ProbeConfig, out: str | Path, progress: bool = True
     checked before the first file is written, so a refused run leaves ``out`` as it was.
     """
     from workbench.capture import capture, resid_sites
-    from workbench.data.injection import write_jsonl
+    from workbench.io import write_jsonl
     from workbench.probe_report import write_probe_html
     from workbench.report import versions
 

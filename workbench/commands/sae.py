@@ -148,9 +148,9 @@ def run_features(sae: str, model="smollm2-135m", activations: str | None = None,
     """Describe every live feature of an SAE over its activation store, embed the descriptions (MiniLM)."""
     import numpy as np
 
+    from workbench.io import write_json_atomic
     from workbench.sae.features import describe_features, embed_texts
     from workbench.sae.train import ActivationStore, read_meta
-    from workbench.store import write_json_atomic
 
     model = _model(model)
     sae_obj, folder = _load(sae, model)
@@ -176,6 +176,7 @@ def run_interference(sae: str, model="smollm2-135m", k: int = 32, min_interferen
     """Interference bins and base rates, clusters at the reference cutoffs, unrelated-yet-interfering pairs."""
     import numpy as np
 
+    from workbench.io import write_json_atomic
     from workbench.sae.interference import (
         CUTOFFS,
         check_interference_args,
@@ -188,7 +189,6 @@ def run_interference(sae: str, model="smollm2-135m", k: int = 32, min_interferen
     )
     from workbench.sae.interference import coactivation as coact
     from workbench.sae.train import ActivationStore, read_meta
-    from workbench.store import write_json_atomic
 
     check_interference_args(k, min_interference, cutoff, block_size)
     model = _model(model)

@@ -33,8 +33,8 @@ import traceback
 from pathlib import Path
 
 from workbench.errors import WorkbenchError
+from workbench.io import write_csv_atomic, write_json_atomic
 from workbench.paths import safe_name
-from workbench.store import write_csv_atomic, write_json_atomic
 
 log = logging.getLogger(__name__)
 ENGINES = ("local", "ray")

@@ -155,8 +155,8 @@ def backdoor(params: dict, work: Path) -> dict:
 
 def backdoor_report(outcome: dict, out: Path) -> None:
     """results/<name>/results.json: config, the full evaluation, the loss every 10 steps, versions."""
+    from workbench.io import write_json_atomic
     from workbench.report import versions
-    from workbench.store import write_json_atomic
 
     for job in _done(outcome):
         result = dict(job["result"]["evaluation"])

@@ -30,7 +30,7 @@ def markdown_table(rows: Sequence[dict], columns: Sequence[str], digits: int = 3
 
 
 def _write_figure(fig, path: Path) -> None:
-    from workbench.store import write_atomic
+    from workbench.io import write_atomic
 
     text = fig.to_html(include_plotlyjs="cdn")
     write_atomic(path, lambda tmp: tmp.write_text(text))
@@ -41,8 +41,8 @@ def write_tool_results(out, rows: list[dict], config: dict | None, caption: str,
                        extra: dict | None = None) -> Path:
     """Write the folder; ``figure`` is the tool's plotly figure, ``drift`` (row key, title) its drift figure."""
     from workbench.data.corpus import corpus_manifest
+    from workbench.io import write_atomic, write_csv_atomic
     from workbench.report import versions
-    from workbench.store import write_atomic, write_csv_atomic
     from workbench.tools.drift import drift_figure, has_drift
 
     folder = Path(out)

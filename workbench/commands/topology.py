@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from workbench.errors import WorkbenchError
-from workbench.store import write_atomic
+from workbench.io import write_atomic
 from workbench.topology.diagrams import diagram_document
 
 METRICS = ("euclidean", "cosine")  # what `workbench topology` offers (the kernels' sqeuclidean is no metric)

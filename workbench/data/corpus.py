@@ -169,7 +169,7 @@ def _fingerprint(roots: list[Path]) -> str:
 
 def build_corpus(roots: Iterable[Path] | None = None, force: bool = False) -> Path:
     """Build (once) and return the cache folder holding ``train.jsonl``, ``heldout.jsonl``, ``manifest.json``."""
-    from workbench.store import build_once
+    from workbench.io import build_once
 
     roots = [Path(r).resolve() for r in roots] if roots is not None else site_packages_dirs()
     folder = cache_dir("corpus") / _fingerprint(roots)

@@ -227,15 +227,6 @@ def generate_injection_pairs(n_pairs: int = 1000, seed: int = 0, comment_code: b
     return records
 
 
-def write_jsonl(records: list[dict], path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in records), encoding="utf-8")
-    tmp.replace(path)
-    return path
-
-
 def import_records(path: str | Path) -> list[dict]:
     """Read a user's JSONL of prompts: our shape (``text`` + ``label``), or TaskTracker/BIPIA-style records.
 

