@@ -28,8 +28,17 @@ POSITIONS = ("last", "mean", "span", "all")
 _UNINDEXED = ("hook_pattern", "hook_attn_scores")  # (batch, head, query, key): no single position axis
 
 
-class _AllSitesCaptured(Exception):
-    """Raised inside the last hook to stop the forward pass early."""
+class StopForward(Exception):
+    """Raised inside a hook once it has what it needs: ``forward_until_stopped`` ends the pass there."""
+
+
+def forward_until_stopped(model, tokens, fwd_hooks) -> None:
+    """Run ``tokens`` through ``model`` with ``fwd_hooks`` until a hook raises ``StopForward`` (or the pass ends).
+
+    The layers after the last site that matters are never computed; TransformerLens removes the hooks either way.
+    """
+    with contextlib.suppress(StopForward):
+        model.run_with_hooks(tokens, fwd_hooks=fwd_hooks, return_type=None)
 
 
 def check_sites(model, sites: Iterable[str]) -> list[str]:
@@ -391,10 +400,10 @@ def run_sites(model, tokens, sites, positions, lengths, mask):
             value = (flat * weights[..., None]).sum(1) / weights.sum(1, keepdim=True)
         got[hook.name] = value.reshape(value.shape[0], *act.shape[2:]).detach()
         if len(got) == len(sites):
-            raise _AllSitesCaptured
+            raise StopForward
 
-    with torch.inference_mode(), contextlib.suppress(_AllSitesCaptured):
-        model.run_with_hooks(tokens, fwd_hooks=[(site, hook) for site in sites], return_type=None)
+    with torch.inference_mode():
+        forward_until_stopped(model, tokens, [(site, hook) for site in sites])
     missing = [s for s in sites if s not in got]
     if missing:
         raise WorkbenchError(f"sites {missing} never fired during the forward pass: are they used by this model?")

@@ -17,10 +17,9 @@ named sites; ``intervene`` is the single entry point the CLI and the app call.
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 
+from workbench.capture import StopForward, forward_until_stopped
 from workbench.errors import WorkbenchError
 from workbench.sae.features import MARK, check_feature
 from workbench.sae.interference import NEURON_THRESHOLD, mlp_for_site, neuron_connections
@@ -82,12 +81,11 @@ def _embedding_gradient(model, sae, j: int, site: str, ids: list[int]):
 
     def read(act, hook):
         held["f"] = feature_preactivation(sae, act[0, -1].float(), j)
-        raise _Stop
+        raise StopForward
 
     tokens = torch.tensor([ids], device=model.cfg.device)
     with torch.enable_grad():
-        with contextlib.suppress(_Stop):
-            model.run_with_hooks(tokens, fwd_hooks=[("hook_embed", leaf), (site, read)], return_type=None)
+        forward_until_stopped(model, tokens, [("hook_embed", leaf), (site, read)])
         if not held["f"].requires_grad:
             return None
         grad, = torch.autograd.grad(held["f"], held["embed"], allow_unused=True)
@@ -99,10 +97,6 @@ def feature_preactivation(sae, x, j: int):
     keeps a gradient where a TopK or ReLU gate would zero it."""
     sae_in = x - sae.b_dec if sae.cfg.apply_b_dec_to_input else x
     return sae_in @ sae.W_enc[:, j] + sae.b_enc[j]
-
-
-class _Stop(Exception):
-    pass
 
 
 def neuron_hook(neurons, scale: float):
