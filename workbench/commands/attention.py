@@ -6,9 +6,8 @@ from collections.abc import Sequence
 
 import torch
 
-from workbench.commands.tool_results import write_tool_results
+from workbench.commands.tool_results import check_results_folder, write_tool_results
 from workbench.errors import WorkbenchError
-from workbench.io import check_output_folder
 from workbench.tools.drift import check_layers
 from workbench.tools.sparse_attention import (
     attention_figure,
@@ -39,7 +38,7 @@ def run_attention_eval(model: str = "smollm2-135m", methods: Sequence[str] | Non
     parse_methods(methods)
     check_positive("context", context)
     check_positive("decode_steps", decode_steps)
-    check_output_folder(out)
+    check_results_folder(out)
     torch.manual_seed(seed)
     hooked = load_model(model)
     check_layers(hooked, topology_layers)
