@@ -218,6 +218,21 @@ def test_default_store_path_is_keyed_by_what_changes_the_activations(tiny, text,
     assert default_store_path(tiny, [SITE], 4096, 64, source=copy) != edited
 
 
+def test_default_store_path_changes_with_the_package_corpus(tiny, monkeypatch):
+    """The package corpus is rebuilt when packages change; a store collected from the old one must not be
+    found under the new settings (CI once met such a store in its persistent cache and refused)."""
+    import importlib.metadata
+
+    from workbench.commands.sae import default_store_path
+
+    before = default_store_path(tiny, [SITE], 4096, 64)
+    assert default_store_path(tiny, [SITE], 4096, 64) == before
+    real = importlib.metadata.distributions
+    extra = type("Dist", (), {"metadata": {"Name": "a-new-package"}, "version": "1.0"})()
+    monkeypatch.setattr(importlib.metadata, "distributions", lambda: [*real(), extra])
+    assert default_store_path(tiny, [SITE], 4096, 64) != before
+
+
 def test_train_config_validates_itself():
     from workbench.sae.train import TrainConfig
 

@@ -26,32 +26,19 @@ def _model(model):
 def default_store_path(model, sites: list[str], n_tokens: int, block_len: int, seed: int = 0,
                        source: str | Path | None = None) -> Path:
     """The cache folder of the activations these settings collect: named for people, keyed by a hash of
-    everything that changes its content (model weights and dtype, sites, tokens, block length, seed, source)."""
+    everything that changes its content (model weights and dtype, sites, tokens, block length, seed, and the
+    text: a local source's files, or the package corpus, which changes with the installed packages)."""
     import hashlib
 
+    from workbench.data.corpus import text_fingerprint
     from workbench.paths import cache_dir, model_folder_name
 
     info = getattr(model, "workbench", {}) or {}
     name = model_folder_name(info.get("name", model.cfg.model_name))
     key = json.dumps([info.get("weights_sha256"), info.get("dtype", str(model.cfg.dtype)), sites, n_tokens, block_len,
-                      "train", seed, _source_fingerprint(source)], default=str)
+                      "train", seed, text_fingerprint(source)], default=str)
     tag = "-".join(s.replace("blocks.", "L").replace(".hook_", "-") for s in sites)
     return cache_dir("saes", "activations") / f"{name}-{tag}-{n_tokens}-{block_len}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
-
-
-def _source_fingerprint(source) -> list | None:
-    """A local text source as (absolute path, then each file's name, size and mtime): edited files, a new key."""
-    if source is None:
-        return None
-    root = Path(source).resolve()
-    files = sorted(root.rglob("*")) if root.is_dir() else [root]
-    return [str(root), *[(str(f.relative_to(root)) if root.is_dir() else f.name, *_stat(f)) for f in files
-                         if f.is_file()]]
-
-
-def _stat(file: Path) -> tuple[int, int]:
-    st = file.stat()
-    return st.st_size, st.st_mtime_ns
 
 
 def run_train(model="smollm2-135m", site: str = "blocks.12.hook_resid_post", name: str | None = None,

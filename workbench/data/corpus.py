@@ -210,6 +210,19 @@ def _build(roots: list[Path], folder: Path, fingerprint: str) -> None:
     }, indent=2))
 
 
+def text_fingerprint(source: str | Path | None = None) -> str:
+    """What the text of ``documents(..., source)`` depends on, for cache keys: the package corpus's
+    fingerprint (installed packages and versions), or a local source's path and each file's name, size
+    and mtime (an edited file, a new key)."""
+    if source is None:
+        return "packages:" + _fingerprint(site_packages_dirs())
+    root = Path(source).expanduser().resolve()
+    files = sorted(root.rglob("*")) if root.is_dir() else [root]
+    stats = [(str(f.relative_to(root)) if root.is_dir() else f.name, f.stat().st_size, f.stat().st_mtime_ns)
+             for f in files if f.is_file()]
+    return "local:" + hashlib.sha256(json.dumps([str(root), stats]).encode()).hexdigest()[:16]
+
+
 def corpus_manifest() -> dict:
     """The manifest of the package corpus of this environment (built if needed), for result records."""
     return json.loads((build_corpus() / "manifest.json").read_text())
