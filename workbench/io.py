@@ -85,6 +85,12 @@ def _publish(tmp: Path, folder: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def check_output_folder(out) -> None:
+    """An output folder (``--out``) that can be written: a path that is a file is refused before any work."""
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        raise WorkbenchError(f"--out {out} is a file: give a folder path")
+
+
 def _temp_beside(path: Path) -> Path:
     """A temporary name beside ``path`` that no other writer uses (hidden, so globs of real files skip it)."""
     return path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
@@ -102,9 +108,14 @@ def write_atomic(path: Path, write) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` (UTF-8) so that readers see the old or the new file, never half of one."""
+    write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
 def write_json_atomic(path: Path, obj) -> None:
     """Replace ``path`` with ``obj`` as JSON so that readers see the old or the new file, never half of one."""
-    write_atomic(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=1, default=str)))
+    write_text_atomic(path, json.dumps(obj, indent=1, default=str))
 
 
 def write_csv_atomic(path: Path, rows: list[dict]) -> None:
@@ -126,6 +137,5 @@ def write_csv_atomic(path: Path, rows: list[dict]) -> None:
 def write_jsonl(records: list[dict], path: str | Path) -> Path:
     """``records`` as JSON lines (UTF-8, one object per line), replacing ``path`` atomically."""
     path = Path(path)
-    text = "".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in records)
-    write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    write_text_atomic(path, "".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in records))
     return path

@@ -9,14 +9,14 @@ from __future__ import annotations
 import html
 import json
 import platform
-import sys
 from pathlib import Path
 
 from workbench.io import write_json_atomic
 
 
 def versions() -> dict:
-    """Versions of the packages (and the machine facts) the numbers depend on, recorded beside every result."""
+    """Versions of the packages (and the platform) the numbers depend on: recorded beside every result, and part of
+    every study job's cache key, so nothing here may depend on what happens to be imported."""
     from importlib.metadata import PackageNotFoundError, version
 
     out = {"python": platform.python_version(), "platform": platform.platform()}
@@ -26,8 +26,6 @@ def versions() -> dict:
             out[pkg] = version(pkg)
         except PackageNotFoundError:
             continue
-    if "torch" in sys.modules:  # threads change timings, and float sums in the last bits
-        out["torch_threads"] = sys.modules["torch"].get_num_threads()
     return out
 
 

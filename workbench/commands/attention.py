@@ -6,8 +6,9 @@ from collections.abc import Sequence
 
 import torch
 
-from workbench.commands.tool_results import check_results_folder, write_tool_results
+from workbench.commands.tool_results import write_tool_results
 from workbench.errors import WorkbenchError
+from workbench.io import check_output_folder
 from workbench.tools.drift import check_layers
 from workbench.tools.sparse_attention import (
     attention_figure,
@@ -38,7 +39,7 @@ def run_attention_eval(model: str = "smollm2-135m", methods: Sequence[str] | Non
     parse_methods(methods)
     check_positive("context", context)
     check_positive("decode_steps", decode_steps)
-    check_results_folder(out)
+    check_output_folder(out)
     torch.manual_seed(seed)
     hooked = load_model(model)
     check_layers(hooked, topology_layers)

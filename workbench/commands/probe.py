@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from workbench.errors import WorkbenchError
-from workbench.io import write_json_atomic
+from workbench.io import check_output_folder, write_json_atomic
 from workbench.probe import ProbeConfig, analyze_condition, condition_prompts, flow_by_class
 
 RUN_FILES = ("config.json", "report.json", "report.html", "stores", "layers")  # what a probe writes in its folder
@@ -71,8 +71,7 @@ def check_run_folder(out: Path, config: ProbeConfig, overwrite: bool = False) ->
 
     A new or empty folder, or one holding this same configuration, is fine (False); a file never is.
     """
-    if out.exists() and not out.is_dir():
-        raise WorkbenchError(f"--out {out} is a file: give a folder path")
+    check_output_folder(out)
     saved = out / "config.json"
     if not saved.exists():
         return False

@@ -7,8 +7,9 @@ from collections.abc import Sequence
 
 import torch
 
-from workbench.commands.tool_results import check_results_folder, write_tool_results
+from workbench.commands.tool_results import write_tool_results
 from workbench.errors import WorkbenchError
+from workbench.io import check_output_folder
 from workbench.tools.drift import check_layers
 from workbench.tools.quant_eval import PRESETS, QUANT_COLUMNS, compare_settings, quant_figure, resolve_setting
 
@@ -32,7 +33,7 @@ def run_quant_eval(model: str = "smollm2-135m", settings: Sequence[str | dict] |
     resolved = [resolve_setting(s) for s in chosen]  # fail on a typo before loading anything
     if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < block_len:
         raise WorkbenchError(f"n_tokens={n_tokens!r}: evaluate at least one block of {block_len} tokens")
-    check_results_folder(out)
+    check_output_folder(out)
     torch.manual_seed(seed)
     hooked = load_model(model)
     check_layers(hooked, topology_layers)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from workbench.errors import WorkbenchError
-from workbench.io import write_atomic
+from workbench.io import check_output_folder, write_text_atomic
 from workbench.topology.diagrams import diagram_document
 
 METRICS = ("euclidean", "cosine")  # what `workbench topology` offers (the kernels' sqeuclidean is no metric)
@@ -74,9 +74,8 @@ def run_topology_file(
     name = Path(points).name if isinstance(points, (str, Path)) else "points"
     X = as_points(load_points(points) if isinstance(points, (str, Path)) else points, name)
     check_options(len(X), maxdim, metric, landmarks, thresh)
+    check_output_folder(out)
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise WorkbenchError(f"--out {out} is a file: give a folder path")
     start = time.perf_counter()
     result = rips_persistence(
         X, maxdim=maxdim, metric=metric, thresh=math.inf if thresh is None else thresh, landmarks=landmarks
@@ -85,11 +84,11 @@ def run_topology_file(
     out.mkdir(parents=True, exist_ok=True)
     json_path, html_path = out / "diagrams.json", out / "diagram.html"
     text = json.dumps(diagram_document(result), allow_nan=False)  # never NaN: it is not JSON
-    write_atomic(json_path, lambda tmp: tmp.write_text(text))
+    write_text_atomic(json_path, text)
     title = f"{name}: Rips H0-H{result.maxdim}, {metric}, {result.n_points} points"
     if result.landmarks is not None:
         title += f" ({len(result.landmarks)} landmarks, bottleneck error <= {result.bottleneck_bound:.3g})"
-    diagram_figure(result, title).write_html(html_path, include_plotlyjs=True)
+    write_text_atomic(html_path, diagram_figure(result, title).to_html(include_plotlyjs=True))
     dims = {}
     for dim, d in enumerate(result.dgms):
         fin = d[np.isfinite(d[:, 1])]
