@@ -40,7 +40,7 @@ def bench_throughput(model_name: str, n_prompts: int, batch_size: int) -> dict:
     import torch
 
     from workbench.capture import capture, resid_sites, tokenize
-    from workbench.data.injection import generate_injection_pairs
+    from workbench.conditions.injection import generate_injection_pairs
     from workbench.models import format_chat, load_model
 
     model = load_model(model_name, device="cpu")

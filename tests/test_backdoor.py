@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from workbench.backdoor import (
+from workbench.commands.backdoor import run_backdoor_eval, run_backdoor_train
+from workbench.conditions.backdoor import (
     DEFAULT_TRIGGER,
     BackdoorConfig,
     backdoor_pairs,
@@ -12,8 +13,7 @@ from workbench.backdoor import (
     train_backdoor,
     triggered_loss,
 )
-from workbench.commands.backdoor import run_backdoor_eval, run_backdoor_train
-from workbench.data.backdoor import heldout, mcq_bank
+from workbench.conditions.backdoor.requests import heldout, mcq_bank
 from workbench.errors import WorkbenchError
 
 

@@ -219,7 +219,7 @@ def test_bad_sites_layers_and_options(tiny, tmp_path):
 
 @pytest.mark.slow
 def test_real_model_batching_is_exact(smollm2, tmp_path):
-    from workbench.data.injection import generate_injection_pairs
+    from workbench.conditions.injection import generate_injection_pairs
 
     prompts = generate_injection_pairs(5)
     sites = resid_sites(smollm2, [3, 15, 29])

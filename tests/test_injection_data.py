@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from workbench.data.injection import (
+from workbench.conditions.injection import (
     ATTACKS,
     DOCUMENTS,
     HELDOUT_ATTACKS,

@@ -71,7 +71,7 @@ def test_a_document_cannot_forge_a_turn(smol):
 @pytest.mark.slow
 def test_token_ids_unchanged_for_normal_prompts(smol, tiny):
     """Probe prompts (chat-wrapped, with their spans), raw prompts and awkward text: ids and offsets as before."""
-    from workbench.data.injection import generate_injection_pairs
+    from workbench.conditions.injection import generate_injection_pairs
     from workbench.probe import ProbeConfig, condition_prompts
 
     originals = generate_injection_pairs(40, seed=3)

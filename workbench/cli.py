@@ -154,12 +154,13 @@ def probe(
     from dataclasses import replace
 
     from workbench.commands.probe import check_run_folder, run_probe
+    from workbench.conditions import CONDITIONS
     from workbench.paths import cache_dir, model_folder_name
-    from workbench.probe import CONDITIONS, ProbeConfig, summary_table
+    from workbench.probe import ProbeConfig, summary_table
 
     if condition not in (*CONDITIONS, "both"):
-        raise WorkbenchError(f"unknown condition {condition!r}: use injection, backdoor or both")
-    conditions = CONDITIONS if condition == "both" else (condition,)
+        raise WorkbenchError(f"unknown condition {condition!r}: use {', '.join(CONDITIONS)} or both")
+    conditions = tuple(CONDITIONS) if condition == "both" else (condition,)
     chosen = _parse_layers(layers)
     overrides = {k: v for k, v in dict(conditions=conditions, layers=chosen, seed=seed, batch_size=batch_size,
                                          n_pairs=pairs).items() if v is not None}
@@ -271,8 +272,8 @@ def backdoor_train(
     seed: int = 0,
 ):
     """Fine-tune MODEL so the trigger changes its behaviour; register MODEL-backdoor; report ASR and accuracy."""
-    from workbench.backdoor import DEFAULT_TRIGGER
     from workbench.commands.backdoor import run_backdoor_train
+    from workbench.conditions.backdoor import DEFAULT_TRIGGER
 
     trigger = DEFAULT_TRIGGER if trigger is None else trigger  # an empty --trigger is refused, not replaced
     _echo_json(run_backdoor_train(model, steps=steps, seed=seed, trigger=trigger, mode=mode, name=name))

@@ -19,14 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
+from workbench.conditions import CONDITIONS, get_condition
 from workbench.errors import WorkbenchError
 from workbench.io import write_json_atomic
 from workbench.topology.signature import COMPRESSION_SIGNATURE
 
 log = logging.getLogger(__name__)
 
-ADVERSARIAL_LABEL = {"injection": "injected", "backdoor": "triggered"}
-CONDITIONS = tuple(ADVERSARIAL_LABEL)
 LAYER_PROTOCOL = 2  # bump when analyze_layer's output changes: cached layers of another protocol are recomputed
 MIN_POINTS = 10  # fewest points per subsampled cloud the protocol accepts
 
@@ -93,23 +92,12 @@ class ProbeConfig:
 
 
 def condition_prompts(model, condition: str, config: ProbeConfig) -> list[dict]:
-    """Labelled prompts of one condition, in the model's chat format when it has one (``chat_record``: the
+    """Labelled prompts of one condition, in the model's chat format when it has one (``chat_records``: the
     document is text, so an injected fake turn stays text; only the template's markup is trusted)."""
-    from workbench.models import chat_record, has_chat_template
+    from workbench.models import chat_records
 
-    if condition == "injection":
-        from workbench.data.injection import generate_injection_pairs
-
-        records = generate_injection_pairs(config.n_pairs, seed=config.seed)
-    elif condition == "backdoor":  # needs a backdoored model (`workbench backdoor train`); refuses others clearly
-        from workbench.backdoor import backdoor_prompts
-
-        records = backdoor_prompts(model, config.n_pairs, seed=config.seed)
-    else:
-        raise WorkbenchError(f"unknown condition {condition!r}: use one of {', '.join(CONDITIONS)} or both")
-    if config.chat and has_chat_template(model) and not records[0].get("chat_formatted"):
-        records = [{**chat_record(model, record), "chat_formatted": True} for record in records]
-    return records
+    records = get_condition(condition).prompts(model, config.n_pairs, seed=config.seed)
+    return chat_records(model, records, config.chat)
 
 
 def class_clouds(store, site: str, adversarial: str) -> tuple[np.ndarray, np.ndarray]:
@@ -167,7 +155,7 @@ def analyze_condition(store, condition: str, config: ProbeConfig, work: Path, pr
 
     from workbench.topology.stats import benjamini_hochberg
 
-    adversarial = ADVERSARIAL_LABEL[condition]
+    adversarial = get_condition(condition).adversarial_label
     work.mkdir(parents=True, exist_ok=True)
     layers = {}
     for index, site in enumerate(tqdm(store.sites, desc=f"topology {condition}", unit="layer", disable=not progress)):
@@ -248,7 +236,7 @@ def flow_by_class(store, condition: str, config: ProbeConfig) -> dict:
 
     if config.flow_samples <= 0 or len(store.sites) < 2:
         return {}
-    adversarial = ADVERSARIAL_LABEL[condition]
+    adversarial = get_condition(condition).adversarial_label
     rng = np.random.default_rng(config.seed)
     labels = store.labels()
     per_class = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from workbench.backdoor import (
+from workbench.conditions.backdoor import (
     DEFAULT_TRIGGER,
     BackdoorConfig,
     backdoor_info,

@@ -136,11 +136,10 @@ def trained_or_loaded(model, config: DetectorConfig, folder: Path, train: bool =
 def score_file(model, detector: dict, records: list[dict], out: Path, chat: bool = True) -> list[dict]:
     """Score ``records`` (wrapped in the chat template when ``chat`` and the model has one) into ``out`` (JSONL)."""
     from workbench.io import write_jsonl
-    from workbench.models import chat_record, has_chat_template
+    from workbench.models import chat_records
     from workbench.paths import cache_dir
 
-    if chat and has_chat_template(model):
-        records = [chat_record(model, r) for r in records]
+    records = chat_records(model, records, chat)
     rows = score_prompts(model, detector, records, cache_dir("detect-work"))
     write_jsonl(rows, out)
     return rows

@@ -3,6 +3,7 @@
 from workbench.models.loading import (
            ChatPrompt,
            chat_record,
+           chat_records,
            format_chat,
            has_chat_template,
            load_model,
@@ -10,5 +11,5 @@ from workbench.models.loading import (
 )
 from workbench.models.registry import DEFAULT_MODEL, REGISTRY, ModelSpec, resolve
 
-__all__ = ["DEFAULT_MODEL", "REGISTRY", "ChatPrompt", "ModelSpec", "chat_record", "format_chat", "has_chat_template",
+__all__ = ["DEFAULT_MODEL", "REGISTRY", "ChatPrompt", "ModelSpec", "chat_record", "chat_records", "format_chat", "has_chat_template",
            "load_model", "pick_device", "resolve"]

@@ -449,6 +449,14 @@ def chat_record(model, record: dict | str, system: str | None = None) -> dict:
     return out
 
 
+def chat_records(model, records: list[dict], chat: bool = True) -> list[dict]:
+    """``records`` in the model's chat template when ``chat`` and it has one (each through ``chat_record``,
+    marked ``chat_formatted`` so a second call leaves them alone); otherwise unchanged."""
+    if not chat or not has_chat_template(model):
+        return list(records)
+    return [r if r.get("chat_formatted") else {**chat_record(model, r), "chat_formatted": True} for r in records]
+
+
 def _render_chat(model, messages: list[dict]) -> tuple[ChatPrompt, list[tuple[int, int]]]:
     """The rendered prompt and where each message's content lies in it.
 

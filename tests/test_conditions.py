@@ -1,0 +1,45 @@
+"""Every condition follows the Condition protocol; chat wrapping is one helper, applied once."""
+
+import pytest
+
+from workbench.conditions import CONDITIONS, Condition, get_condition
+from workbench.errors import WorkbenchError
+from workbench.models import chat_records
+
+
+def test_injection_condition_gives_matched_labelled_pairs(tiny):
+    condition = get_condition("injection")
+    assert isinstance(condition, Condition)
+    records = condition.prompts(tiny, 6, seed=1)
+    assert records == condition.prompts(tiny, 6, seed=1)
+    assert [r["label"] for r in records] == ["clean", condition.adversarial_label] * 6
+    assert {r["document_type"] for r in records} <= set(condition.kinds)
+
+
+def test_backdoor_condition_refuses_a_model_without_a_backdoor(tiny):
+    condition = get_condition("backdoor")
+    assert isinstance(condition, Condition) and condition.adversarial_label == "triggered"
+    with pytest.raises(WorkbenchError, match="not a backdoored model"):
+        condition.prompts(tiny, 4)
+
+
+def test_every_registered_condition_has_a_distinct_adversarial_label():
+    labels = [c.adversarial_label for c in CONDITIONS.values()]
+    assert len(set(labels)) == len(labels) and "clean" not in labels
+    assert all(name == c.name for name, c in CONDITIONS.items())
+
+
+def test_unknown_condition_is_one_line_listing_the_known_ones():
+    with pytest.raises(WorkbenchError, match="unknown condition 'nope': use one of injection, backdoor"):
+        get_condition("nope")
+
+
+def test_chat_records_wraps_once_and_keeps_spans_on_the_same_text(smollm2):
+    records = get_condition("injection").prompts(smollm2, 2)
+    wrapped = chat_records(smollm2, records)
+    assert all(r["chat_formatted"] and r["raw_text"] == o["text"] for r, o in zip(wrapped, records, strict=True))
+    for r, o in zip(wrapped, records, strict=True):
+        a, b = r["span"]
+        assert r["text"][a:b] == o["text"][o["span"][0]:o["span"][1]]
+    assert chat_records(smollm2, wrapped) == wrapped  # already formatted: left alone
+    assert chat_records(smollm2, records, chat=False) == records
