@@ -170,3 +170,31 @@ def test_an_sae_for_another_site_or_width_is_refused(tiny):
         with pytest.raises(WorkbenchError, match=match), spliced(tiny, bad):
             pass
     assert _state(tiny) == before
+
+
+def test_the_token_gradient_read_through_the_splice_is_the_encoder_preactivation_gradient(tiny, sae):
+    """``token_gradient_direction`` reads f_j at hook_sae_acts_pre: the same as differentiating the explicit
+    pre-activation (x - b_dec) @ W_enc[:, j] + b_enc[j] at the site."""
+    from workbench.sae.interventions import token_gradient_direction
+
+    contexts = [[1, *range(10, 20)], [1, 50, 60, 70]]
+
+    def reference(j):
+        total, held = torch.zeros(64), {}
+
+        def leaf(a, hook):
+            held["embed"] = a.detach().requires_grad_(True)
+            return held["embed"]
+
+        def read(a, hook):
+            held["f"] = (a[0, -1] - sae.b_dec) @ sae.W_enc[:, j] + sae.b_enc[j]
+
+        for ids in contexts:
+            with torch.enable_grad():
+                tiny.run_with_hooks(torch.tensor([ids]), fwd_hooks=[("hook_embed", leaf), (SITE, read)])
+                total += torch.autograd.grad(held["f"], held["embed"])[0][0, -1]
+        return total / total.norm()
+
+    for j in (0, 5, 40):
+        torch.testing.assert_close(token_gradient_direction(tiny, sae, j, contexts), reference(j),
+                                   rtol=1e-5, atol=1e-6)

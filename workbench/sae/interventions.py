@@ -49,27 +49,32 @@ def feature_direction(sae, j: int):
 def token_gradient_direction(model, sae, j: int, contexts: list[list[int]]):
     """Mean over contexts of d f_j(last position) / d input-embedding(last position), unit norm (f_j pre-activation).
 
-    Each context is the token ids of a top-activating row up to and including the activating token.
-    The forward pass stops at the SAE's site.
+    Each context is the token ids of a top-activating row up to and including the activating token. The SAE
+    is spliced in and f_j read at its ``hook_sae_acts_pre``: the encoder's own pre-activation (its input
+    normalisation included), equal to the activation where the feature fires (ReLU, TopK) and with a gradient
+    where a TopK or ReLU gate would zero it. Each pass stops there.
     """
     import torch
 
+    from workbench.sae.splice import spliced
+
     j = check_feature(sae, j)
-    site = sae.cfg.metadata.hook_name
     if not contexts:
         raise WorkbenchError(f"feature {j} has no top-activating contexts: it never fired on the store")
     total = torch.zeros(model.cfg.d_model)
-    for ids in contexts:
-        grad = _embedding_gradient(model, sae, j, site, ids)
-        if grad is not None:
-            total += grad
+    with spliced(model, sae) as sites:
+        for ids in contexts:
+            grad = _embedding_gradient(model, j, sites["hook_sae_acts_pre"], ids)
+            if grad is not None:
+                total += grad
     if not torch.isfinite(total).all() or total.norm() == 0:
         raise WorkbenchError(f"the token gradient of feature {j} is zero or not finite at its top contexts")
     return total / total.norm()
 
 
-def _embedding_gradient(model, sae, j: int, site: str, ids: list[int]):
-    """d f_j(last position) / d embedding(last position) for one context; the pass stops at ``site``."""
+def _embedding_gradient(model, j: int, site: str, ids: list[int]):
+    """d (feature ``j`` at ``site``, last position) / d embedding(last position) for one context; the pass stops
+    at ``site``."""
     import torch
 
     held: dict = {}
@@ -80,7 +85,7 @@ def _embedding_gradient(model, sae, j: int, site: str, ids: list[int]):
         return act
 
     def read(act, hook):
-        held["f"] = feature_preactivation(sae, act[0, -1].float(), j)
+        held["f"] = act[0, -1, j].float()
         raise StopForward
 
     tokens = torch.tensor([ids], device=model.cfg.device)
@@ -90,13 +95,6 @@ def _embedding_gradient(model, sae, j: int, site: str, ids: list[int]):
             return None
         grad, = torch.autograd.grad(held["f"], held["embed"], allow_unused=True)
     return None if grad is None else grad[0, -1].float().cpu()
-
-
-def feature_preactivation(sae, x, j: int):
-    """Encoder pre-activation of feature ``j``: equals its activation where it fires (ReLU, TopK), and
-    keeps a gradient where a TopK or ReLU gate would zero it."""
-    sae_in = x - sae.b_dec if sae.cfg.apply_b_dec_to_input else x
-    return sae_in @ sae.W_enc[:, j] + sae.b_enc[j]
 
 
 def neuron_hook(neurons, scale: float):
