@@ -21,6 +21,7 @@ import torch
 
 from workbench.report import versions
 from workbench.tools import sparse_attention as sa
+from workbench.tools.decoding import new_cache
 
 
 def model_qkv(model_name: str, layer: int, n: int, chunk: int = 512):
@@ -40,7 +41,7 @@ def model_qkv(model_name: str, layer: int, n: int, chunk: int = 512):
             got["q" if name == "hook_rot_q" else "v"].append(x[0].clone())
         return x
 
-    cache = sa._new_cache(model, 1)
+    cache = new_cache(model, 1)
     names = [f"blocks.{layer}.attn.{h}" for h in ("hook_rot_q", "hook_rot_k", "hook_v")]
     with torch.inference_mode(), model.hooks(fwd_hooks=[(nm, grab) for nm in names]):
         for start in range(0, n, chunk):

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from workbench.errors import WorkbenchError
+from workbench.tools.decoding import decode_loop, new_cache
 
 Hook = tuple[str, Callable]
 Reward = Callable[[str, str], float]
@@ -94,12 +95,6 @@ def sampling_logprobs(logits: torch.Tensor, temperature: float, top_p: float = 1
     return logits.log_softmax(-1)
 
 
-def _new_cache(model, batch: int):
-    from workbench.tools.sparse_attention import _new_cache
-
-    return _new_cache(model, batch)
-
-
 def _stop_cut(text: str, stop: Sequence[str]) -> int | None:
     cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
     return min(cuts) if cuts else None
@@ -135,7 +130,7 @@ def generate(model, prompt: str, *, hooks=(), max_new_tokens: int = 64, temperat
     device = model.cfg.device
     gen = torch.Generator().manual_seed(int(seed))
     eos = model.tokenizer.eos_token_id
-    cache = _new_cache(model, n)
+    cache = new_cache(model, n)
     fwd_hooks = list(hooks(cache, n_prompt) if callable(hooks) else hooks)
 
     tokens = [[] for _ in range(n)]
@@ -143,34 +138,32 @@ def generate(model, prompt: str, *, hooks=(), max_new_tokens: int = 64, temperat
     model_lp = [0.0] * n
     stopped = [None] * n
     texts = [""] * n
-    x = torch.tensor([ids] * n, device=device)
-    with torch.inference_mode(), model.hooks(fwd_hooks=fwd_hooks):
-        for _ in range(max_new_tokens):
-            logits = model(x, past_kv_cache=cache)[:, -1].float().cpu()
-            logq = sampling_logprobs(logits, temperature, top_p, top_k)
-            if temperature == 0:
-                nxt = logq.argmax(-1)
-            else:
-                nxt = torch.multinomial(logq.exp(), 1, generator=gen)[:, 0]
-            logp = logits.log_softmax(-1)
-            for i in range(n):
-                if stopped[i]:
-                    continue
-                t = int(nxt[i])
-                tokens[i].append(t)
-                lp[i] += float(logq[i, t])
-                model_lp[i] += float(logp[i, t])
-                if t == eos:
-                    stopped[i] = "eos"
-                    texts[i] = model.tokenizer.decode(tokens[i][:-1])
-                    continue
-                texts[i] = model.tokenizer.decode(tokens[i])
-                cut = _stop_cut(texts[i], stop)
-                if cut is not None:
-                    stopped[i], texts[i] = "stop", texts[i][:cut]
-            if all(stopped):
-                break
-            x = nxt[:, None].to(device)
+
+    def choose(step: int, logits: torch.Tensor) -> torch.Tensor | None:
+        logits = logits.cpu()
+        logq = sampling_logprobs(logits, temperature, top_p, top_k)
+        nxt = logq.argmax(-1) if temperature == 0 else torch.multinomial(logq.exp(), 1, generator=gen)[:, 0]
+        logp = logits.log_softmax(-1)
+        for i in range(n):
+            if stopped[i]:
+                continue
+            t = int(nxt[i])
+            tokens[i].append(t)
+            lp[i] += float(logq[i, t])
+            model_lp[i] += float(logp[i, t])
+            if t == eos:
+                stopped[i] = "eos"
+                texts[i] = model.tokenizer.decode(tokens[i][:-1])
+                continue
+            texts[i] = model.tokenizer.decode(tokens[i])
+            cut = _stop_cut(texts[i], stop)
+            if cut is not None:
+                stopped[i], texts[i] = "stop", texts[i][:cut]
+        if all(stopped) or step + 1 == max_new_tokens:
+            return None
+        return nxt[:, None].to(device)
+
+    decode_loop(model, cache, torch.tensor([ids] * n, device=device), choose, fwd_hooks)
     return [{"text": texts[i], "tokens": tokens[i], "logprob": lp[i], "model_logprob": model_lp[i],
              "stopped": stopped[i] or "length", "n_prompt_tokens": n_prompt} for i in range(n)]
 

@@ -39,6 +39,7 @@ from collections.abc import Sequence
 import torch
 
 from workbench.errors import WorkbenchError
+from workbench.tools.decoding import decode_loop, new_cache
 
 SELECTORS = ("full", "topp", "tactic", "topk", "quest", "streaming", "h2o")
 
@@ -401,21 +402,13 @@ def _record(metrics: StepMetrics, layer: int, s, mask, mask_h, values) -> None:
     metrics.add(layer, mask.float().mean().item(), recall, err)
 
 
-def _new_cache(model, batch: int):
-    try:
-        from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache as Cache
-    except ImportError:  # older TransformerLens
-        from transformer_lens.past_key_value_caching import HookedTransformerKeyValueCache as Cache
-    return Cache.init_cache(model.cfg, model.cfg.device, batch)
-
-
 def prefill(model, tokens: torch.Tensor, chunk: int = 512):
     """Dense prefill of ``tokens [b, n]`` into a fresh KV cache, in chunks to bound memory.
 
     Returns ``(cache, patterns)``: ``patterns[L]`` is the prefill attention summed over queries,
     ``[b, heads, n]`` (what H2O accumulates).
     """
-    cache = _new_cache(model, tokens.shape[0])
+    cache = new_cache(model, tokens.shape[0])
     sums: dict[int, torch.Tensor] = {}
 
     def colsum(pattern, hook):
@@ -425,9 +418,7 @@ def prefill(model, tokens: torch.Tensor, chunk: int = 512):
         sums[L] = add if prev is None else torch.nn.functional.pad(prev, (0, add.shape[-1] - prev.shape[-1])) + add
 
     hooks = [(f"blocks.{L}.attn.hook_pattern", colsum) for L in range(model.cfg.n_layers)]
-    with torch.inference_mode(), model.hooks(fwd_hooks=hooks):
-        for start in range(0, tokens.shape[1], chunk):
-            model(tokens[:, start : start + chunk], past_kv_cache=cache)
+    decode_loop(model, cache, tokens, lambda step, logits: None, hooks, chunk)  # the prefill alone
     return cache, sums
 
 
@@ -456,11 +447,16 @@ def decode(model, tokens: torch.Tensor, n_prefill: int, selector: Selector, pref
     recorded: dict[str, list] = {site: [] for site in record_sites}
     hooks += [(site, lambda act, hook: recorded[hook.name].append(act[:, -1].float().clone())) for site in recorded]
     out = []
-    steps = range(n_prefill, tokens.shape[1] - 1)
-    with torch.inference_mode(), model.hooks(fwd_hooks=hooks):
-        for t in tqdm(steps, desc=type(selector).__name__, disable=not progress, leave=False):
-            logits = model(tokens[:, t : t + 1], past_kv_cache=cache)[:, -1].float()
-            out.append(logits.log_softmax(-1))
+    last = tokens.shape[1] - 1  # the final token is only a target
+
+    def choose(step, logits):  # teacher forcing: the next token of the text, whatever the model predicted
+        out.append(logits.log_softmax(-1))
+        bar.update()
+        t = n_prefill + step + 1
+        return tokens[:, t : t + 1] if t < last else None
+
+    with tqdm(total=last - n_prefill, desc=type(selector).__name__, disable=not progress, leave=False) as bar:
+        decode_loop(model, cache, tokens[:, n_prefill : n_prefill + 1], choose, hooks)
     streams = {site: torch.stack(acts, 1).reshape(-1, acts[0].shape[-1]) for site, acts in recorded.items()}
     return {"logprobs": torch.stack(out, 1), "targets": tokens[:, n_prefill + 1 :], "metrics": metrics.per_layer(),
             "streams": streams}
