@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import torch
+from workbench.kernels import attention as ka
 
 from workbench.report import versions
 from workbench.tools import sparse_attention as sa
@@ -87,20 +88,20 @@ def main() -> None:
     rows = []
     for n in args.contexts:
         t0 = time.perf_counter()
-        cent, members = sa.cluster_members(k_all[: n - args.queries])
+        cent, members = ka.cluster_members(k_all[: n - args.queries])
         cluster_s = time.perf_counter() - t0
         full_t, sparse_t, selected_t, loaded, errs = [], [], [], [], []
         for pos in range(n - args.queries, n):
             # keys clustered at prefill; the few decoded since are attended in full by Tactic, left out here
             q, k, v = q_all[pos], k_all[: n - args.queries], v_all[: n - args.queries]
-            dense = sa.decode_attention(q, k, v)
-            out, mask = sa.tactic_decode_attention(q, k, v, cent, members, tactic)
-            full_t.append(median_time(lambda q=q, k=k, v=v: sa.decode_attention(q, k, v), args.repeats))
+            dense = ka.decode_attention(q, k, v)
+            out, mask = ka.tactic_decode_attention(q, k, v, cent, members, tactic)
+            full_t.append(median_time(lambda q=q, k=k, v=v: ka.decode_attention(q, k, v), args.repeats))
             sparse_t.append(median_time(
-                lambda q=q, k=k, v=v, c=cent, m=members: sa.tactic_decode_attention(q, k, v, c, m, tactic),
+                lambda q=q, k=k, v=v, c=cent, m=members: ka.tactic_decode_attention(q, k, v, c, m, tactic),
                 args.repeats))
             selected_t.append(median_time(
-                lambda q=q, k=k, v=v, m=mask: sa.sparse_decode_attention(q, k, v, m), args.repeats))
+                lambda q=q, k=k, v=v, m=mask: ka.sparse_decode_attention(q, k, v, m), args.repeats))
             loaded.append(mask.float().mean().item())
             errs.append(((out - dense).norm() / dense.norm()).item())
         f, s, o = statistics.median(full_t), statistics.median(sparse_t), statistics.median(selected_t)

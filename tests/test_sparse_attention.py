@@ -202,3 +202,14 @@ def test_drift_of_decoded_positions_against_full_attention(tiny_setup):
     full, window = rows
     assert full["ph_bottleneck_h0_mean"] < 1e-12 and full["ph_layers"] == [0, 1]
     assert window["ph_bottleneck_h0_mean"] > 0 and len(window["ph_bottleneck_h1_per_layer"]) == 2
+
+
+def test_plain_tensor_kernels_live_in_workbench_kernels():
+    """The timed kernels are the kernels package's; the Tactic selector shares their stopping rule."""
+    from workbench.kernels import attention
+
+    for name in ("decode_attention", "tactic_decode_attention", "sparse_decode_attention", "cluster_members",
+                 "kmeans"):
+        assert getattr(sa, name) is getattr(attention, name)
+    assert isinstance(sa.Tactic(0.8), attention.TailFit)
+    assert sa.Tactic.cutoff is attention.TailFit.cutoff
