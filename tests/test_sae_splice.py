@@ -64,6 +64,26 @@ def test_capture_stores_feature_activations_like_any_site(tiny, sae, tmp_path):
     torch.testing.assert_close(alone.get(ACTS), want[last], rtol=1e-5, atol=1e-5)
 
 
+def test_a_store_records_the_splice_and_never_resumes_under_another(tiny, sae, tmp_path):
+    from workbench.capture import capture
+    from workbench.sae.splice import sae_sha256, spliced
+
+    prompts, deeper = ["the river bank", "money and loans"], "blocks.2.hook_resid_post"
+    other = _sae("standard")
+    with torch.no_grad():
+        other.b_enc.add_(0.5)
+    with spliced(tiny, sae):
+        store = capture(tiny, prompts, [ACTS], tmp_path / "acts", progress=False)
+        assert store.manifest["splices"] == [{"site": SITE, "error_term": True, "sae_sha256": sae_sha256(sae)}]
+        assert capture(tiny, prompts, [ACTS], tmp_path / "acts", progress=False).complete  # same SAE: resumes
+    with spliced(tiny, other), pytest.raises(WorkbenchError, match=r"holds another capture \(splices"):
+        capture(tiny, prompts, [ACTS], tmp_path / "acts", progress=False)
+    with spliced(tiny, sae, error_term=False):  # downstream sites differ too: a plain capture is another one
+        capture(tiny, prompts, [deeper], tmp_path / "deeper", progress=False)
+    with pytest.raises(WorkbenchError, match=r"holds another capture \(splices"):
+        capture(tiny, prompts, [deeper], tmp_path / "deeper", progress=False)
+
+
 def test_check_sites_knows_the_sae_points_only_while_spliced(tiny, sae):
     from workbench.capture import check_sites
     from workbench.sae.splice import spliced
@@ -125,7 +145,7 @@ def test_without_error_term_the_reconstruction_replaces_the_site(tiny, sae, toke
 def test_the_model_is_restored_after_the_block_and_after_an_exception(tiny, sae, tokens):
     from workbench.sae.splice import spliced
 
-    before, names = _state(tiny), {p: p.name for p in sae.hook_dict.values()}
+    before, names, info = _state(tiny), {p: p.name for p in sae.hook_dict.values()}, tiny.workbench
     with torch.no_grad():
         clean = tiny(tokens)
         with spliced(tiny, sae, error_term=False):
@@ -136,6 +156,7 @@ def test_the_model_is_restored_after_the_block_and_after_an_exception(tiny, sae,
         assert _state(tiny) == before
         assert torch.equal(tiny(tokens), clean)
     assert {p: p.name for p in sae.hook_dict.values()} == names
+    assert tiny.workbench is info and "splices" not in info
 
 
 def test_splices_nest_and_refuse_a_second_sae_at_one_site(tiny, sae, tokens):
@@ -198,3 +219,13 @@ def test_the_token_gradient_read_through_the_splice_is_the_encoder_preactivation
     for j in (0, 5, 40):
         torch.testing.assert_close(token_gradient_direction(tiny, sae, j, contexts), reference(j),
                                    rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_without_provenance_is_left_without_it(sae):
+    from workbench.models.tiny import tiny_model
+    from workbench.sae.splice import spliced
+
+    bare = tiny_model()
+    with spliced(bare, sae):
+        assert bare.workbench["splices"][0]["site"] == SITE
+    assert not hasattr(bare, "workbench")

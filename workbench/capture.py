@@ -302,6 +302,8 @@ def capture(
         "n_prompts": len(records),
         "d": {site: None for site in sites},
     }
+    if info.get("splices"):  # SAEs spliced in (workbench.sae.splice) change what sites hold: part of the identity
+        header["splices"] = info["splices"]
     # One writer per store: a second capture on the same --out is refused at once, naming the holder.
     with ActivationStore.writing(out, header, overwrite=overwrite) as store:
         return _fill(model, store, records, sites, positions, batch_size, max_tokens, store_dtype, shard_rows,

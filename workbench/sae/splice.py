@@ -4,7 +4,8 @@
 SAE's own hook points under that site with sae-lens's names: ``{site}.hook_sae_input``, ``.hook_sae_acts_pre``,
 ``.hook_sae_acts_post``, ``.hook_sae_recons``, ``.hook_sae_error``, ``.hook_sae_output``. While spliced they
 are in ``model.hook_dict``, so ``capture``, ``run_with_hooks`` and ``run_with_cache`` read and patch features
-exactly like model activations; on exit the model is as it was.
+exactly like model activations, and ``model.workbench["splices"]`` says which SAE is in (a store captured
+meanwhile records it, so it never resumes under another SAE); on exit the model is as it was.
 
 With ``error_term`` (the default) what flows on is reconstruction + error, and exactly the site's activation
 (bit for bit) unless a hook on the SAE's points changed something, in which case it is the changed
@@ -21,10 +22,13 @@ the error are sae-lens's own.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 
 from workbench.errors import WorkbenchError
 
 _SAE_OWN_POINTS = ("hook_sae_error", "hook_sae_output")  # called by the splice, not by sae.encode/decode
+_ABSENT = object()
 
 
 @contextlib.contextmanager
@@ -46,11 +50,15 @@ def spliced(model, sae, error_term: bool = True):
     if any(name in point._modules for name in points):
         raise WorkbenchError(f"an SAE is already spliced at {site}: leave that splice before adding another")
     before = model.hook_dict, model.mod_dict, {p: p.name for p in points.values()}
+    info = getattr(model, "workbench", _ABSENT)
+    record = {"site": site, "error_term": bool(error_term), "sae_sha256": sae_sha256(sae)}
     handle = None
     try:
         for name, p in points.items():
             point.add_module(name, p)  # named {site}.{name} by the model's setup
         model.setup()
+        held = info if isinstance(info, dict) else {}
+        model.workbench = {**held, "splices": [*held.get("splices", []), record]}
         point.add_hook(_splice_hook(sae, error_term), is_permanent=True)
         handle = point.fwd_hooks[-1]
         yield {name: f"{site}.{name}" for name in points}
@@ -63,6 +71,19 @@ def spliced(model, sae, error_term: bool = True):
         model.hook_dict, model.mod_dict, names = before
         for p, name in names.items():
             p.name = name
+        if info is not _ABSENT:
+            model.workbench = info
+        elif hasattr(model, "workbench"):
+            del model.workbench
+
+
+def sae_sha256(sae) -> str:
+    """What the SAE computes: its configuration (not where it lives) and its weights."""
+    from workbench.models.loading import _tiny_weights_id as state_sha256  # any module's state dict, hashed
+
+    cfg = {k: v for k, v in sae.cfg.to_dict().items() if k not in ("device", "metadata")}
+    blob = json.dumps({"cfg": cfg, "weights": state_sha256(sae)}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def _splice_hook(sae, error_term: bool):
