@@ -45,20 +45,47 @@ def test_probe_writes_a_complete_report(probe_run):
     assert len(flow["pairs"]) == 2 and set(flow) >= {"flow", "control"}
 
 
+def test_report_reads_back_as_the_same_typed_records(probe_run):
+    from workbench.probe import REPORT_FORMAT, ProbeReport, load_report
+
+    out, report = probe_run
+    loaded = load_report(out)
+    assert loaded == report and loaded.format == REPORT_FORMAT
+    assert ProbeReport.from_dict(loaded.to_dict()) == report
+    result = loaded.conditions["injection"]
+    assert list(result.layers) == [0, 1, 3] and result.best is result.layers[result.summary.best_topology_layer]
+    assert set(result.summary.signature_agreements) == {0, 1, 3}
+    assert loaded.config.flow_gaps == (1, 2) and loaded.config.conditions == ("injection",)
+
+
+def test_a_report_of_another_format_or_incomplete_is_refused(probe_run, tmp_path):
+    from workbench.probe import load_report
+
+    out, report = probe_run
+    data = report.to_dict()
+    (tmp_path / "report.json").write_text(json.dumps({**data, "format": 99}))
+    with pytest.raises(WorkbenchError, match="format 99, this workbench reads format 1: re-run"):
+        load_report(tmp_path)
+    del data["conditions"]["injection"]["layers"]["1"]["g"]
+    (tmp_path / "report.json").write_text(json.dumps(data))
+    with pytest.raises(WorkbenchError, match="not a complete probe report"):
+        load_report(tmp_path / "report.json")
+
+
 def test_probe_resumes_from_cached_layers(tiny, probe_run):
     out, report = probe_run
     cached = out / "layers" / "injection" / "layer-001.json"
     stamp = cached.stat().st_mtime_ns
     again = run_probe(tiny, ProbeConfig(**SMALL), out, progress=False)
     assert cached.stat().st_mtime_ns == stamp
-    assert again["conditions"]["injection"]["layers"]["1"]["g"] == report["conditions"]["injection"]["layers"]["1"]["g"]
+    assert again.conditions["injection"].layers[1].g == report.conditions["injection"].layers[1].g
 
 
 def test_same_seed_same_numbers(tiny, tmp_path):
     config = ProbeConfig(**{**SMALL, "layers": [2], "flow_samples": 0})
-    a = run_probe(tiny, config, tmp_path / "a", progress=False)["conditions"]["injection"]["layers"]["2"]
-    b = run_probe(tiny, config, tmp_path / "b", progress=False)["conditions"]["injection"]["layers"]["2"]
-    assert a["g"] == b["g"] and a["auc_topology"] == b["auc_topology"] and a["p_perm"] == b["p_perm"]
+    a = run_probe(tiny, config, tmp_path / "a", progress=False).conditions["injection"].layers[2]
+    b = run_probe(tiny, config, tmp_path / "b", progress=False).conditions["injection"].layers[2]
+    assert a.g == b.g and a.auc_topology == b.auc_topology and a.p_perm == b.p_perm
 
 
 def test_detects_a_planted_difference():
@@ -68,9 +95,8 @@ def test_detects_a_planted_difference():
     wide = 1.5 * rng.normal(size=(120, 16))
     config = ProbeConfig(k=20, K=16, n_parts=4, n_boot=100, n_perm=200)
     result = analyze_layer(clean, wide, config, seed=0)
-    i = result["features"].index("h0_death_mean")
-    assert result["g"][i] > 2 and result["p_perm"][i] < 0.01
-    assert result["auc_topology"] > 0.9
+    assert result.value("g", "h0_death_mean") > 2 and result.value("p_perm", "h0_death_mean") < 0.01
+    assert result.auc_topology > 0.9
 
 
 def test_sentences_and_signature():
@@ -95,7 +121,7 @@ def test_bad_inputs(tiny, tmp_path):
 
 
 def test_flow_figure_labels_positions_with_layer_numbers():
-    from workbench.probe_report import flow_figure
+    from workbench.probe.figures import flow_figure
 
     curves = {"clean_curve": [1.0, 2.0], "adversarial_curve": [1.5, 2.5]}
     flow = {"layers": [0, 9, 29], "gaps": {"1": {"pairs": [[0, 1], [1, 2]], "flow": curves, "control": curves}}}

@@ -22,19 +22,19 @@ def test_changed_settings_recompute_cached_layers(tiny, tmp_path):
     with pytest.raises(WorkbenchError, match="other settings .*--overwrite"):
         run_probe(tiny, config, tmp_path, progress=False)
     second = run_probe(tiny, config, tmp_path, progress=False, overwrite=True)
-    assert second["config"]["K"] == 6
-    assert second["conditions"]["injection"]["layers"]["1"]["p_perm"] != first["conditions"]["injection"]["layers"]["1"]["p_perm"]
+    assert second.config.K == 6
+    assert second.conditions["injection"].layers[1].p_perm != first.conditions["injection"].layers[1].p_perm
 
 
 def test_stale_layer_cache_is_not_trusted(tiny, tmp_path):
     """A layer file left from another configuration (e.g. an older version's run) is recomputed."""
     other = ProbeConfig(**{**SMALL, "K": 6})
     run_probe(tiny, ProbeConfig(**SMALL), tmp_path / "a", progress=False)
-    own = run_probe(tiny, other, tmp_path / "b", progress=False)["conditions"]["injection"]["layers"]["1"]
+    own = run_probe(tiny, other, tmp_path / "b", progress=False).conditions["injection"].layers[1]
     layer = "layers/injection/layer-001.json"
     (tmp_path / "b" / layer).write_text((tmp_path / "a" / layer).read_text())  # K=4 result under a K=6 run
-    again = run_probe(tiny, other, tmp_path / "b", progress=False)["conditions"]["injection"]["layers"]["1"]
-    assert again["p_perm"] == own["p_perm"] and again["key"] == own["key"]
+    again = run_probe(tiny, other, tmp_path / "b", progress=False).conditions["injection"].layers[1]
+    assert again.p_perm == own.p_perm and again.key == own.key
 
 
 def test_identical_rerun_resumes_and_batch_size_is_not_a_setting(tiny, tmp_path):

@@ -156,7 +156,8 @@ def probe(
     from workbench.commands.probe import check_run_folder, run_probe
     from workbench.conditions import CONDITIONS
     from workbench.paths import cache_dir, model_folder_name
-    from workbench.probe import ProbeConfig, summary_table
+    from workbench.probe import ProbeConfig
+    from workbench.probe.figures import summary_table
 
     if condition not in (*CONDITIONS, "both"):
         raise WorkbenchError(f"unknown condition {condition!r}: use {', '.join(CONDITIONS)} or both")

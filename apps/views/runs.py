@@ -11,7 +11,7 @@ from wbapp.ui import missing, user_errors
 
 from workbench.errors import WorkbenchError
 from workbench.paths import cache_dir
-from workbench.probe import summary_table
+from workbench.probe.figures import summary_table
 
 
 def stamp(folder: Path) -> str:
@@ -79,10 +79,10 @@ with right:
 if selected:
     with user_errors():
         report = load_report(selected)
-    config = report.get("config", {})
-    st.subheader(f"{report['model'].get('name', '?')} · {', '.join(report['conditions'])}")
-    st.caption(f"`{selected}` · {config.get('n_pairs', '?')} pairs, k={config.get('k', '?')}, "
-               f"K={config.get('K', '?')}, {config.get('n_parts', '?')} parts, seed {config.get('seed', '?')}")
+    config = report.config
+    st.subheader(f"{report.model_name} · {', '.join(report.conditions)}")
+    st.caption(f"`{selected}` · {config.n_pairs} pairs, k={config.k}, K={config.K}, {config.n_parts} parts, "
+               f"seed {config.seed}")
     table = pd.DataFrame(summary_table(report))
     st.dataframe(table, hide_index=True, width="stretch", column_config={
         c: st.column_config.NumberColumn(format="%.3f") for c in table.columns if table[c].dtype.kind == "f"})

@@ -7,7 +7,6 @@ link can open the app on a given folder. Every folder read or written goes throu
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -20,6 +19,7 @@ import streamlit as st
 
 from wbapp.access import REPO, checked, env_folders
 from workbench.errors import WorkbenchError
+from workbench.probe import ProbeReport
 
 RUN_KEY = "run_dir"
 
@@ -42,8 +42,8 @@ def discover_runs(roots: list[Path] | None = None) -> list[Path]:
     return sorted(found, key=lambda p: (p / "report.json").stat().st_mtime, reverse=True)
 
 
-def load_report(folder: str | Path) -> dict:
-    """The parsed report.json of a run folder (cached on its modification time), if the app may read it."""
+def load_report(folder: str | Path) -> ProbeReport:
+    """The typed report of a run folder (cached on its modification time), if the app may read it."""
     path = checked(folder)
     report = path / "report.json" if path.is_dir() else path
     if not report.is_file():
@@ -51,15 +51,12 @@ def load_report(folder: str | Path) -> dict:
     return _parse(str(report), report.stat().st_mtime_ns)
 
 
-@st.cache_data(max_entries=8, show_spinner=False)
-def _parse(path: str, mtime_ns: int) -> dict:
-    try:
-        report = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise WorkbenchError(f"{path} is not a readable probe report ({exc}); re-run `workbench probe`") from None
-    if not isinstance(report, dict) or not report.get("conditions"):
-        raise WorkbenchError(f"{path} holds no probe conditions; re-run `workbench probe`")
-    return report
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _parse(path: str, mtime_ns: int) -> ProbeReport:
+    """One parse per file version, shared read-only by every session (the record is never mutated)."""
+    from workbench.probe import load_report as read
+
+    return read(path)
 
 
 def current_run() -> Path | None:

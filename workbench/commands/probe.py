@@ -16,12 +16,13 @@ import numpy as np
 
 from workbench.errors import WorkbenchError
 from workbench.io import check_output_folder, write_json_atomic
-from workbench.probe import ProbeConfig, analyze_condition, condition_prompts, flow_by_class
+from workbench.probe import ProbeConfig, ProbeReport, analyze_condition, condition_prompts, flow_by_class
 
 RUN_FILES = ("config.json", "report.json", "report.html", "stores", "layers")  # what a probe writes in its folder
 
 
-def run_probe(model, config: ProbeConfig, out: str | Path, progress: bool = True, overwrite: bool = False) -> dict:
+def run_probe(model, config: ProbeConfig, out: str | Path, progress: bool = True,
+              overwrite: bool = False) -> ProbeReport:
     """Capture, analyze and report every condition; returns the report (also in ``out/report.json``).
 
     ``out`` holds one run: the same configuration resumes it, another one is refused unless
@@ -30,7 +31,7 @@ def run_probe(model, config: ProbeConfig, out: str | Path, progress: bool = True
     """
     from workbench.capture import capture, resid_sites
     from workbench.io import write_jsonl
-    from workbench.probe_report import write_probe_html
+    from workbench.probe.figures import write_probe_html
     from workbench.report import versions
 
     out = Path(out)
@@ -45,8 +46,8 @@ def run_probe(model, config: ProbeConfig, out: str | Path, progress: bool = True
             old.unlink()
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "config.json", asdict(config))
-    report = {"config": asdict(config), "model": getattr(model, "workbench", {"name": model.cfg.model_name}),
-              "versions": versions(), "conditions": {}}
+    report = ProbeReport(config=config, model=dict(getattr(model, "workbench", {"name": model.cfg.model_name})),
+                         versions=versions())
     for condition, records in prompts.items():
         clock = [time.perf_counter()]
         write_jsonl(records, out / f"prompts-{condition}.jsonl")
@@ -55,13 +56,13 @@ def run_probe(model, config: ProbeConfig, out: str | Path, progress: bool = True
         clock.append(time.perf_counter())
         result = analyze_condition(store, condition, config, out / "layers" / condition, progress)
         clock.append(time.perf_counter())
-        result["neuron_flow"] = flow_by_class(store, condition, config)
+        result.neuron_flow = flow_by_class(store, condition, config)
         clock.append(time.perf_counter())
         # this run's seconds per stage (a resumed run counts only what it recomputed)
-        result["seconds"] = dict(zip(("capture", "topology", "neuron_flow"), np.diff(clock).round(2).tolist(),
+        result.seconds = dict(zip(("capture", "topology", "neuron_flow"), np.diff(clock).round(2).tolist(),
                                      strict=True))
-        report["conditions"][condition] = result
-    write_json_atomic(out / "report.json", report)
+        report.conditions[condition] = result
+    write_json_atomic(out / "report.json", report.to_dict())
     write_probe_html(report, out / "report.html")
     return report
 

@@ -11,10 +11,11 @@ from workbench.topology.signature import SIGNATURE_FEATURES
 
 
 def probe(params: dict, work: Path) -> list[dict]:
-    """One probe (model x condition); rows per layer with the signature features (see ``probe.report_rows``)."""
+    """One probe (model x condition); rows per layer with the signature features (see ``probe.figures.report_rows``)."""
     from workbench.commands.probe import run_probe
     from workbench.models import load_model
-    from workbench.probe import ProbeConfig, report_rows
+    from workbench.probe import ProbeConfig
+    from workbench.probe.figures import report_rows
 
     params = dict(params)
     name, condition = params.pop("model"), params.pop("condition", "injection")

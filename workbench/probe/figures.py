@@ -1,37 +1,67 @@
-"""Figures of a probe report (plotly), shared by ``workbench probe``, the app and the studies."""
+"""What a probe report looks like: its tables and figures (plotly), shared by ``workbench probe``, the app and
+the studies. Everything here reads the typed records of ``workbench.probe.schema``."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from workbench.probe import summary_table
+from workbench.probe.schema import ConditionResult, LayerResult, ProbeReport
 from workbench.report import html_table, write_html
 from workbench.topology.diagrams import diagrams_from_lists
 from workbench.topology.signature import COMPRESSION_SIGNATURE
 
 
-def auc_figure(result: dict, title: str):
+def summary_table(report: ProbeReport) -> list[dict]:
+    """The compact per-layer table the CLI prints and the app shows."""
+    return [{
+        "condition": name, "layer": L, "auc_ph": r.auc_topology, "auc_probe": r.auc_probe_rows,
+        "g_h0_death_mean": r.value("g", "h0_death_mean"), "g_h1_count": r.value("g", "h1_count"),
+        "g_h1_persistence_mean": r.value("g", "h1_persistence_mean"), "g_h1_entropy": r.value("g", "h1_entropy"),
+        "n_moved": len(r.moved), "signature": r.signature_agrees,
+    } for name, result in report.conditions.items() for L, r in result.layers.items()]
+
+
+def report_rows(report: ProbeReport) -> list[dict]:
+    """One row per condition and layer: AUCs and, per signature feature, class means, g with CI, q, verdict."""
+    rows = []
+    for name, result in report.conditions.items():
+        for L, r in result.layers.items():
+            row = {"model": report.model.get("name"), "condition": name, "layer": L, "k": r.k,
+                   "auc_ph": r.auc_topology, "auc_probe_rows": r.auc_probe_rows,
+                   "auc_probe_means": r.auc_probe_means, "n_moved": len(r.moved)}
+            for feature in COMPRESSION_SIGNATURE:
+                row |= {f"{feature}_clean": r.value("mean_clean", feature),
+                        f"{feature}_attack": r.value("mean_adversarial", feature),
+                        f"{feature}_g": r.value("g", feature), f"{feature}_g_low": r.value("g_low", feature),
+                        f"{feature}_g_high": r.value("g_high", feature), f"{feature}_q": r.value("q_perm", feature),
+                        f"{feature}_q_parts": r.value("q_parts", feature),
+                        f"{feature}_verdict": r.signature.get(feature, "n.s.")}
+            rows.append(row)
+    return rows
+
+
+def auc_figure(result: ConditionResult, title: str):
     import plotly.graph_objects as go
 
-    layers = [int(L) for L in result["layers"]]
+    layers = list(result.layers)
     fig = go.Figure()
     for key, name in (("auc_topology", "PH summary + logistic regression"),
                       ("auc_probe_rows", "linear probe, per prompt"),
                       ("auc_probe_means", "linear probe, subsample means")):
-        fig.add_trace(go.Scatter(x=layers, y=[r[key] for r in result["layers"].values()], mode="lines+markers",
+        fig.add_trace(go.Scatter(x=layers, y=[getattr(r, key) for r in result.layers.values()], mode="lines+markers",
                                  name=name))
     fig.update_layout(title=title, xaxis_title="layer", yaxis_title="cross-validated AUC", yaxis_range=[0.4, 1.02],
                       template="plotly_white", height=420)
     return fig
 
 
-def effect_heatmap(result: dict, title: str):
+def effect_heatmap(result: ConditionResult, title: str):
     import plotly.graph_objects as go
 
-    layers = list(result["layers"])
-    names = result["layers"][layers[0]]["features"]
-    g = np.array([result["layers"][L]["g"] for L in layers])
-    q = np.array([result["layers"][L]["q_perm"] for L in layers])
+    layers = list(result.layers)
+    names = result.layers[layers[0]].features
+    g = np.array([result.layers[L].g for L in layers])
+    q = np.array([result.layers[L].q_perm for L in layers])
     text = np.where(q < 0.05, "*", "")
     lim = float(np.nanmax(np.abs(g))) or 1.0
     fig = go.Figure(go.Heatmap(z=g, x=names, y=[f"L{L}" for L in layers], colorscale="RdBu_r", zmin=-lim, zmax=lim,
@@ -41,18 +71,17 @@ def effect_heatmap(result: dict, title: str):
     return fig
 
 
-def signature_figure(result: dict, title: str):
+def signature_figure(result: ConditionResult, title: str):
     import plotly.graph_objects as go
 
-    layers = [int(L) for L in result["layers"]]
+    layers = list(result.layers)
+    rows = list(result.layers.values())
     fig = go.Figure()
     for feature, sign in COMPRESSION_SIGNATURE.items():
-        rows = list(result["layers"].values())
-        if feature not in rows[0]["features"]:
+        if feature not in rows[0].features:
             continue
-        i = rows[0]["features"].index(feature)
-        g = np.array([r["g"][i] for r in rows])
-        lo, hi = np.array([r["g_low"][i] for r in rows]), np.array([r["g_high"][i] for r in rows])
+        g = np.array([r.value("g", feature) for r in rows])
+        lo, hi = np.array([r.value("g_low", feature) for r in rows]), np.array([r.value("g_high", feature) for r in rows])
         fig.add_trace(go.Scatter(x=layers, y=g, mode="lines+markers", name=f"{feature} (expected {'+' if sign > 0 else '-'})",
                                  error_y={"type": "data", "symmetric": False, "array": hi - g, "arrayminus": g - lo}))
     fig.add_hline(y=0, line_dash="dot", line_color="grey")
@@ -61,13 +90,13 @@ def signature_figure(result: dict, title: str):
     return fig
 
 
-def betti_figure(layer_result: dict, title: str, dim: int = 1):
+def betti_figure(layer_result: LayerResult, title: str, dim: int = 1):
     """Betti curves of the example clean and adversarial subsamples on a common scale."""
     import plotly.graph_objects as go
 
     from workbench.topology.summaries import BettiCurve
 
-    diagrams = {name: diagrams_from_lists(d) for name, d in layer_result["example_diagrams"].items()}
+    diagrams = {name: diagrams_from_lists(d) for name, d in layer_result.example_diagrams.items()}
     fig = go.Figure()
     if any(len(d) <= dim for d in diagrams.values()):
         return fig
@@ -102,27 +131,26 @@ def flow_figure(flow: dict, title: str):
     return fig
 
 
-def write_probe_html(report: dict, path) -> None:
+def write_probe_html(report: ProbeReport, path) -> None:
     from workbench.topology.plots import diagram_figure
 
-    model = report["model"].get("name", "?")
+    model = report.model_name
     sections = [("Per-layer table", html_table(summary_table(report)))]
-    for condition, result in report["conditions"].items():
-        best = str(result["summary"]["best_topology_layer"])
-        layer = result["layers"][best]
+    for condition, result in report.conditions.items():
+        best, layer = result.summary.best_topology_layer, result.best
         sections += [
-            (f"{condition}: AUC by layer", auc_figure(result, f"{model} / {condition}: clean vs {result['adversarial_label']}")),
+            (f"{condition}: AUC by layer", auc_figure(result, f"{model} / {condition}: clean vs {result.adversarial_label}")),
             (f"{condition}: compression signature by layer", signature_figure(result, "signature features")),
             (f"{condition}: effect sizes", effect_heatmap(result, "all summary features")),
         ]
-        for name, pairs in layer["example_diagrams"].items():
-            sections.append((f"{condition}: layer {best}, one {name} subsample (k={layer['k']})",
+        for name, pairs in layer.example_diagrams.items():
+            sections.append((f"{condition}: layer {best}, one {name} subsample (k={layer.k})",
                              diagram_figure(diagrams_from_lists(pairs), f"{name}, layer {best}")))
         sections.append((f"{condition}: Betti curves at layer {best}", betti_figure(layer, "H1 Betti curves")))
-        if result.get("neuron_flow"):
-            sections.append((f"{condition}: neuron-level flow", flow_figure(result["neuron_flow"], "neuron-pair clouds")))
-        moved = "".join(f"<li>{s}</li>" for s in layer["moved"][:15]) or "<li>none at q &lt; 0.05</li>"
+        if result.neuron_flow:
+            sections.append((f"{condition}: neuron-level flow", flow_figure(result.neuron_flow, "neuron-pair clouds")))
+        moved = "".join(f"<li>{s}</li>" for s in layer.moved[:15]) or "<li>none at q &lt; 0.05</li>"
         sections.append((f"{condition}: what moved at layer {best}", f"<ul>{moved}</ul>"))
-    intro = (f"Model <b>{model}</b>; seed {report['config']['seed']}; versions "
-             + ", ".join(f"{k} {v}" for k, v in report["versions"].items()))
+    intro = (f"Model <b>{model}</b>; seed {report.config.seed}; versions "
+             + ", ".join(f"{k} {v}" for k, v in report.versions.items()))
     write_html(path, f"workbench probe: {model}", sections, intro)
