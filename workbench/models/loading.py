@@ -87,7 +87,7 @@ def load_model(
         from workbench.models.tiny import tiny_model
 
         model = tiny_model(seed=seed, device=device, dtype=torch_dtype)
-        info = {"weights_sha256": _tiny_weights_id(model), "cached": False}
+        info = {"weights_sha256": state_sha256(model), "cached": False}
     elif spec.source == "derived":
         model = load_model(spec.base, device="cpu", dtype="float32", trust_remote_code=trust_remote_code, seed=seed)
         info = _apply_derived(model, spec)
@@ -135,9 +135,10 @@ def _place(model, device, torch_dtype):
     return model
 
 
-def _tiny_weights_id(model) -> str:
+def state_sha256(module) -> str:
+    """SHA256 of a module's state dict (names and float values): the identity of weights made in memory."""
     digest = hashlib.sha256()
-    for key, value in sorted(model.state_dict().items()):
+    for key, value in sorted(module.state_dict().items()):
         digest.update(key.encode())
         digest.update(value.detach().float().cpu().numpy().tobytes())
     return digest.hexdigest()

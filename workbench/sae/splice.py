@@ -79,7 +79,7 @@ def spliced(model, sae, error_term: bool = True):
 
 def sae_sha256(sae) -> str:
     """What the SAE computes: its configuration (not where it lives) and its weights."""
-    from workbench.models.loading import _tiny_weights_id as state_sha256  # any module's state dict, hashed
+    from workbench.models.loading import state_sha256
 
     cfg = {k: v for k, v in sae.cfg.to_dict().items() if k not in ("device", "metadata")}
     blob = json.dumps({"cfg": cfg, "weights": state_sha256(sae)}, sort_keys=True, default=str)
