@@ -197,3 +197,48 @@ def test_listening_addresses_reads_proc_correctly():
         s.bind(("127.0.0.1", 0))
         s.listen()
         assert listening_addresses(s.getsockname()[1]) == {"127.0.0.1"}
+
+
+# ----------------------------------------------------------------------------- the shared model
+
+
+def test_live_computations_on_the_shared_model_take_turns(monkeypatch):
+    """Sessions are threads sharing one model: while one session's hooks or quantized weights are on it,
+    another session's computation waits (else its forward would silently run under them)."""
+    import threading
+    import time
+
+    monkeypatch.syspath_prepend(str(test_app.APPS))
+    import wbapp.models
+
+    monkeypatch.setattr(wbapp.models, "get_model", lambda name: f"model {name}")
+    spans, start = {}, threading.Barrier(2)
+
+    def session(tag, name):
+        start.wait()
+        if tag == "b":
+            time.sleep(0.05)  # let "a" take the model first
+        with wbapp.models.using_model(name) as model:
+            assert model == f"model {name}"
+            t0 = time.perf_counter()
+            time.sleep(0.3)
+            spans[tag] = (t0, time.perf_counter())
+
+    threads = [threading.Thread(target=session, args=(tag, "tiny")) for tag in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    (a0, a1), (b0, b1) = spans["a"], spans["b"]
+    assert b0 >= a1 or a0 >= b1  # never both inside at once
+    took = []
+
+    def other_model():
+        with wbapp.models.using_model("smollm2-135m"):
+            took.append(True)
+
+    with wbapp.models.using_model("tiny"):  # another model's lock is another lock: no wait
+        other = threading.Thread(target=other_model)
+        other.start()
+        other.join(timeout=5)
+        assert took == [True]

@@ -6,7 +6,7 @@ without an SAE, the prompt locus takes a typed snippet and the neuron locus type
 
 import streamlit as st
 from wbapp.compare import check_neurons, next_token_shift, parse_ints, shift_figure
-from wbapp.models import get_model, model_picker
+from wbapp.models import get_model, model_picker, using_model
 from wbapp.sae import sae_picker
 from wbapp.ui import user_errors
 
@@ -79,7 +79,7 @@ if st.button("Intervene", type="primary", key="play_run", disabled=not ready):
         text, changed = prompt, prefix + prompt
         if chat:
             text, changed = format_chat(model, text), format_chat(model, changed)
-        with st.spinner("running the model"):
+        with st.spinner("running the model"), using_model(name):  # hooks on the shared model: one session at a time
             st.session_state["play_result"] = (locus, next_token_shift(
                 model, text, changed, hooks, target_tokens=target_tokens, k=k, new_tokens=int(new_tokens)))
 

@@ -5,7 +5,7 @@ import json
 import pandas as pd
 import streamlit as st
 from wbapp.compare import next_token_shift, shift_figure
-from wbapp.models import default_model, get_model, model_picker
+from wbapp.models import default_model, get_model, model_picker, using_model
 from wbapp.runs import REPO
 from wbapp.ui import missing, user_errors
 
@@ -71,7 +71,7 @@ with quant_tab:
         with user_errors():
             model = get_model(name)
             text = format_chat(model, prompt) if has_chat_template(model) else prompt
-            with st.spinner(f"running {setting} and float"):
+            with st.spinner(f"running {setting} and float"), using_model(name):  # weights change while it runs
                 st.session_state["quant_shift"] = (setting, next_token_shift(
                     model, text, change=lambda: apply_setting(model, setting), new_tokens=12))
     if st.session_state.get("quant_shift"):
@@ -102,7 +102,7 @@ with attention_tab:
             if tokens.shape[1] < 8:
                 st.error("the text is too short: give at least a sentence")
                 st.stop()
-            with st.spinner(f"decoding under {method}"):
+            with st.spinner(f"decoding under {method}"), using_model(name):
                 rows = compare_attention(model, tokens, tokens.shape[1] // 2, ["full", f"{method}:{param}"],
                                          progress=False)
             st.session_state["attn_rows"] = rows

@@ -1,8 +1,16 @@
-"""Models for the live pages, loaded once per process and shared by every session."""
+"""Models for the live pages, loaded once per process and shared by every session.
+
+Sessions run in threads of one process and share one model object; hooks (and the reversible weight
+quantization) change that object while a computation runs, so every live computation takes the model's
+lock (``using_model``): another session's forward never sees this one's hooks or quantized weights.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+from collections.abc import Iterator
 
 import streamlit as st
 
@@ -30,3 +38,15 @@ def get_model(name: str):
     from workbench.models import load_model
 
     return load_model(name)
+
+
+@st.cache_resource(show_spinner=False)
+def _model_lock(name: str) -> threading.RLock:
+    return threading.RLock()
+
+
+@contextlib.contextmanager
+def using_model(name: str) -> Iterator:
+    """The shared model, held exclusively by this session for a computation that hooks or changes it."""
+    with _model_lock(name):
+        yield get_model(name)
