@@ -20,6 +20,7 @@ import torch
 
 from tests.cli_harness import assert_refused, run_cli
 from workbench.errors import WorkbenchError
+from workbench.io import holder_file
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -92,7 +93,7 @@ def test_two_captures_on_one_out_one_is_refused_naming_the_holder(tmp_path, tiny
                     batch_size=8, progress=False)
     assert store.complete and store.n_rows == 200
     assert torch.allclose(store.get("blocks.1.hook_resid_post"), fresh.get("blocks.1.hook_resid_post"), atol=1e-5)
-    assert (out / ".lock").read_text() == ""  # released: it names nobody
+    assert (out / ".lock").exists() and not holder_file(out / ".lock").exists()  # released: it names nobody
 
 
 HOLD = """
@@ -118,11 +119,11 @@ def test_exclusive_fails_fast_naming_the_holder_or_waits_for_it(tmp_path):
     with refused as err, exclusive(lock, "the store", wait=False):
         pass
     assert "\n" not in str(err.value)
-    assert f"pid {holder.pid}" in lock.read_text()  # a refused one leaves the holder's name alone
+    assert f"pid {holder.pid}" in holder_file(lock).read_text()  # a refused one leaves the holder's name alone
     with exclusive(lock, "the store"):  # waits for the holder to finish
         assert holder.wait(timeout=30) == 0  # it finished before we got the lock
-        assert lock.read_text().startswith(f"pid {os.getpid()} on ")
-    assert holder.returncode == 0
+        assert holder_file(lock).read_text().startswith(f"pid {os.getpid()} on ")
+    assert holder.returncode == 0 and not holder_file(lock).exists()
 
 
 # ----------------------------------------------------------------------------- cache entries built once

@@ -18,39 +18,52 @@ from pathlib import Path
 from workbench.errors import WorkbenchError
 
 
+def holder_file(lock_file: str | Path) -> Path:
+    """Where the holder of ``lock_file`` writes its name (pid and host) while it holds the lock."""
+    lock_file = Path(lock_file)
+    return lock_file.with_name(lock_file.name + ".holder")
+
+
 @contextlib.contextmanager
 def exclusive(lock_file: str | Path, what: str = "it", wait: bool = True):
     """Hold an exclusive lock on ``lock_file`` (created if missing) for the block.
 
     Two writers on one store or cache folder would delete each other's unfinished files. With
     ``wait`` the second one waits for its turn (and then usually finds the work done); without it,
-    it stops at once with one line naming the holder (its pid and host are in the lock file).
+    it stops at once with one line naming the holder. The lock is ``filelock``'s (fcntl on POSIX,
+    msvcrt on Windows); the holder's pid and host go to a separate file (``holder_file``) written
+    after the lock is taken and removed before it is released, so a waiter can say who it waits for.
     """
-    import fcntl
     import logging
     import socket
 
+    from filelock import FileLock, Timeout
+
     lock_file = Path(lock_file)
     lock_file.parent.mkdir(parents=True, exist_ok=True)
-    # Opened without truncating: the file holds the current holder's name, which a waiter reads.
-    with open(os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644), "r+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = fh.read().strip() or "another process"
-            if not wait:
-                raise WorkbenchError(f"{what} is in use by {holder}: wait for it to finish, "
-                                     "or use another folder") from None
-            logging.getLogger(__name__).warning("%s is in use by %s: waiting for it", what, holder)
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-        fh.flush()
-        try:
-            yield
-        finally:
-            fh.truncate(0)  # released: nobody holds it
+    lock = FileLock(str(lock_file), thread_local=False, preserve_lock_file=True)  # kept: no unlink race
+    holder = holder_file(lock_file)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        name = _read_holder(holder)
+        if not wait:
+            raise WorkbenchError(f"{what} is in use by {name}: wait for it to finish, or use another folder") from None
+        logging.getLogger(__name__).warning("%s is in use by %s: waiting for it", what, name)
+        lock.acquire()
+    try:
+        write_text_atomic(holder, f"pid {os.getpid()} on {socket.gethostname()}\n")
+        yield
+    finally:
+        holder.unlink(missing_ok=True)  # released: nobody holds it
+        lock.release()
+
+
+def _read_holder(holder: Path) -> str:
+    try:
+        return holder.read_text().strip() or "another process"
+    except OSError:  # between its release and the next holder's write
+        return "another process"
 
 
 def build_once(folder: str | Path, build, ready, what: str = "it") -> Path:
