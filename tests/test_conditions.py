@@ -23,9 +23,11 @@ def test_backdoor_condition_refuses_a_model_without_a_backdoor(tiny):
         condition.prompts(tiny, 4)
 
 
-def test_every_registered_condition_has_a_distinct_adversarial_label():
-    labels = [c.adversarial_label for c in CONDITIONS.values()]
-    assert len(set(labels)) == len(labels) and "clean" not in labels
+def test_every_registered_condition_has_an_adversarial_label_other_than_clean():
+    labels = {name: c.adversarial_label for name, c in CONDITIONS.items()}
+    assert "clean" not in labels.values()
+    # a label is shared only by one attack from two sources: synthetic and AgentDojo prompt injections
+    assert labels["injection"] == labels["agentdojo"] == "injected" and labels["backdoor"] == "triggered"
     assert all(name == c.name for name, c in CONDITIONS.items())
 
 

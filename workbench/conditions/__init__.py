@@ -5,7 +5,8 @@ rows carry, the kinds of request it varies over, and ``prompts(model, n_pairs, s
 matched records (``text`` is the raw user turn; callers apply the chat template with
 ``workbench.models.chat_records``). ``CONDITIONS`` maps names to conditions; ``get_condition`` refuses
 an unknown name with the list of known ones. Submodules: ``injection`` (generated indirect prompt
-injections and the importer of foreign files), ``backdoor`` (a trigger implanted by fine-tuning).
+injections and the importer of foreign files), ``backdoor`` (a trigger implanted by fine-tuning),
+``agentdojo`` (AgentDojo's environments, injection tasks and attacks, read as data).
 """
 
 from __future__ import annotations
@@ -62,7 +63,24 @@ class Backdoor:
         return backdoor_prompts(model, n_pairs, seed=seed)
 
 
-CONDITIONS: dict[str, Condition] = {c.name: c for c in (Injection(), Backdoor())}
+class AgentDojo:
+    """AgentDojo's tool environments with its injection tasks and attacks (``pip install --no-deps agentdojo``)."""
+
+    name, adversarial_label = "agentdojo", "injected"  # the same attack as ``injection``, from a real benchmark
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        from workbench.conditions.agentdojo import KINDS
+
+        return KINDS
+
+    def prompts(self, model, n_pairs: int, seed: int = 0) -> list[dict]:
+        from workbench.conditions.agentdojo import agentdojo_records
+
+        return agentdojo_records(n_pairs=n_pairs, seed=seed)
+
+
+CONDITIONS: dict[str, Condition] = {c.name: c for c in (Injection(), Backdoor(), AgentDojo())}
 
 
 def get_condition(name: str) -> Condition:
