@@ -21,6 +21,7 @@ import ast
 import contextlib
 import importlib.metadata
 import importlib.util
+import logging
 import math
 import random
 import re
@@ -32,6 +33,8 @@ from pathlib import Path
 import yaml
 
 from workbench.errors import WorkbenchError
+
+log = logging.getLogger(__name__)
 
 VERSION = "0.1.35"  # the release whose files this reader was written against
 INSTALL = f"pip install --no-deps agentdojo=={VERSION} (or `make setup`)"
@@ -56,7 +59,7 @@ SITES = {
     "restaurant_list": ("review", ("get_rating_reviews_for_restaurants",)),
     "company_list": ("review", ("get_rating_reviews_for_car_rental",)),
 }
-KINDS = tuple(dict.fromkeys(kind for kind, _ in SITES.values()))
+KINDS = tuple(dict.fromkeys(kind for kind, _ in SITES.values()))  # "message": no vector in 0.1.35's slack inboxes
 NAME_FIELDS = {"files": "file_path", "web_content": "url"}  # a named string (file, page) renders as name + content
 _SENTINEL = "\x00"
 
@@ -517,6 +520,8 @@ def agentdojo_records(suites=None, attacks=None, n_pairs: int | None = None, see
     r = random.Random(f"agentdojo-{seed}")
     chosen = _balanced(combos, n_pairs, r)
     version, templates = agentdojo_version(), attack_templates()
+    if version != VERSION:
+        log.warning("agentdojo %s is installed; this reader was written against %s", version, VERSION)
     records = []
     for pair, (suite, name, task, attack) in enumerate(chosen):
         vector, goal = suite_vectors(suite)[name], injection_goals(suite)[task]
