@@ -147,7 +147,7 @@ def test_quick_probe_starts_shows_progress_and_cancels(app_env):
     at.text_input(key="probe_out").input(str(app_env / "job")).run()
     at.button(key="probe_start").click().run()
     job = at.session_state["probe_job"]
-    assert job.proc.poll() is None and job.args[:2] == ["probe", "--quick"]
+    assert job.proc.poll() is None and job.args[job.args.index("probe"):][:2] == ["probe", "--quick"]
     assert at.get("progress") and at.button(key="probe_cancel")
     at.button(key="probe_cancel").click().run()
     assert job.proc.poll() is not None  # the child is gone
@@ -170,21 +170,36 @@ def test_quick_probe_runs_to_the_end_and_becomes_the_selected_run(app_env):
     assert at.session_state["run_dir"] == str(out.resolve())
     assert at.selectbox(key="runs_found").value == str(out.resolve())
     assert len(at.dataframe[0].value) == 4  # the tiny model's four layers
+    from workbench.progress import read_progress
+
+    last = read_progress(out / "app-progress.json")  # the bars' own record, not a parse of the terminal
+    assert last["stage"] == "topology" and last["n"] == last["total"] == 4
 
 
-def test_probe_job_progress_and_errors_from_its_log(tmp_path):
-    from wbapp.runs import ProbeJob
+def test_probe_job_progress_from_the_bars_and_errors_from_its_log(tmp_path, monkeypatch):
+    from wbapp.runs import PROGRESS_FILE, ProbeJob
 
+    from workbench import progress
+    from workbench.progress import progress_bar, reporting
+
+    monkeypatch.setattr(progress, "MIN_INTERVAL_S", 0.0)  # every redraw is written (default: at most 4 a second)
     class Running:
         def poll(self):
             return None
 
     job = ProbeJob(out=tmp_path, args=[], proc=Running())
     assert job.progress() == (0.02, "loading the model")
-    (tmp_path / "app-probe.log").write_text("capture tiny:  40%|####  | 8/20\rcapture tiny: 100%|###| 20/20\n"
-                                            "topology injection:  50%|##  | 2/4\r")
-    fraction, label = job.progress()
-    assert label == "topology: 50%" and 0.45 < fraction < 0.95
+    with reporting(tmp_path / PROGRESS_FILE):
+        for _ in progress_bar(range(20), desc="capture tiny", unit="prompt", mininterval=0):
+            pass
+        assert job.progress() == (0.45, "capture tiny: 20/20 prompt")
+        bar = progress_bar(total=4, desc="topology injection", unit="layer", mininterval=0)
+        bar.update(2)
+        fraction, label = job.progress()
+        bar.update(2)
+        bar.close()
+    assert label == "topology injection: 2/4 layer" and fraction == pytest.approx(0.45 + 0.5 * 0.5)
+    assert job.progress() == (pytest.approx(0.95), "topology injection: 4/4 layer")
     (tmp_path / "app-probe.log").write_text("loading\nerror: unknown model 'nope': see `workbench models`\n")
     assert job.error_line() == "error: unknown model 'nope': see `workbench models`"
 

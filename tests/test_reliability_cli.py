@@ -45,6 +45,7 @@ CASES = [
     (["generate", "--model", "tiny", "--prompt", ""], "non-empty"),
     (["quant", "eval", "--model", "tiny", "--settings", "nope"], "unknown quantization setting"),
     (["attention", "eval", "--model", "tiny", "--methods", "nope"], "unknown sparse-attention method"),
+    (["--progress-file", "{w}", "sites", "--model", "tiny"], "is a folder: give a file path"),
 ]
 
 

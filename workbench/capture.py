@@ -314,7 +314,8 @@ def _fill(model, store, records, sites, positions, batch_size, max_tokens, store
           span_field, parse_special=False) -> ActivationStore:
     """Append the rows ``store`` does not hold yet (the caller holds its lock)."""
     import torch
-    from tqdm.auto import tqdm
+
+    from workbench.progress import progress_bar
 
     header = store.manifest
     start = store.n_rows
@@ -323,7 +324,7 @@ def _fill(model, store, records, sites, positions, batch_size, max_tokens, store
         return store
 
     device = model.cfg.device
-    bar = tqdm(total=len(records), initial=start, desc=f"capture {header['model']}", unit="prompt",
+    bar = progress_bar(total=len(records), initial=start, desc=f"capture {header['model']}", unit="prompt",
                disable=not progress)
     buffer: dict[str, list] = {}
     buffer_rows: list[dict] = []

@@ -36,8 +36,13 @@ _state = {"debug": False}
 def _root(
     debug: Annotated[bool, typer.Option("--debug", help="show tracebacks instead of one-line errors")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="log what happens")] = False,
+    progress_file: Annotated[Path | None, typer.Option(
+        "--progress-file", help="also write each progress bar's state to this file (JSON), for programs to follow")] = None,
 ):
+    from workbench.progress import report_to
+
     _state["debug"] = debug
+    report_to(progress_file)
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
 

@@ -68,8 +68,7 @@ class DetectorConfig:
 
 def token_features(store, site: str, maxdim: int = 1, progress: bool = True) -> tuple[np.ndarray, list[str]]:
     """Barcode summary of every row's own token cloud (a store captured with positions 'all')."""
-    from tqdm.auto import tqdm
-
+    from workbench.progress import progress_bar
     from workbench.topology.persistence import rips_persistence
     from workbench.topology.summaries import BarcodeSummary
 
@@ -78,7 +77,7 @@ def token_features(store, site: str, maxdim: int = 1, progress: bool = True) -> 
     row_index = table["row_index"].numpy()
     bounds = np.searchsorted(row_index, np.arange(store.n_rows + 1))
     results = []
-    for r in tqdm(range(store.n_rows), desc="token clouds", unit="prompt", disable=not progress):
+    for r in progress_bar(range(store.n_rows), desc="token clouds", unit="prompt", disable=not progress):
         cloud = X[bounds[r] : bounds[r + 1]]
         results.append(rips_persistence(cloud[1:] if len(cloud) > 3 else cloud, maxdim=maxdim))  # drop BOS/sink
     summary = BarcodeSummary(dims=tuple(range(maxdim + 1))).fit(results)
@@ -88,14 +87,13 @@ def token_features(store, site: str, maxdim: int = 1, progress: bool = True) -> 
 def reference_features(points: np.ndarray, reference: np.ndarray, maxdim: int = 1,
                        progress: bool = True) -> tuple[np.ndarray, list[str]]:
     """Summary(reference + point) - summary(reference) for every point, plus its nearest-neighbour distance."""
-    from tqdm.auto import tqdm
-
+    from workbench.progress import progress_bar
     from workbench.topology.persistence import rips_persistence
     from workbench.topology.summaries import BarcodeSummary
 
     base = rips_persistence(reference, maxdim=maxdim)
     results = [rips_persistence(np.vstack([reference, p[None]]), maxdim=maxdim)
-               for p in tqdm(points, desc="reference cloud", unit="prompt", disable=not progress)]
+               for p in progress_bar(points, desc="reference cloud", unit="prompt", disable=not progress)]
     summary = BarcodeSummary(dims=tuple(range(maxdim + 1))).fit([base, *results])
     delta = summary.transform(results) - summary.transform([base])
     nn = np.sqrt(((points[:, None, :] - reference[None]) ** 2).sum(-1)).min(1)

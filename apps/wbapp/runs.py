@@ -87,9 +87,9 @@ def select_run(folder: str | Path) -> None:
 
 # ----------------------------------------------------------------------------- the quick probe job
 
-# tqdm bars of `workbench probe`, in order, and the share of the job each ends at.
+# the progress bars of `workbench probe`, in order, and the share of the job each ends at
 STAGES = (("capture", 0.45), ("topology", 0.95))
-_BAR = re.compile(r"(capture|topology)[^:\r\n]*:\s+(\d+)%")
+PROGRESS_FILE = "app-progress.json"  # the probe's --progress-file, in its output folder
 
 
 @dataclass
@@ -108,7 +108,9 @@ class ProbeJob:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:  # a file in the way, no permission
             raise WorkbenchError(f"cannot use {out} as the output folder ({exc.strerror}): choose another") from None
-        args = ["probe", "--quick", "--model", model, "--out", str(out), "--overwrite"]  # other settings there are replaced
+        (out / PROGRESS_FILE).unlink(missing_ok=True)  # a previous job's last state is not this one's
+        args = ["--progress-file", str(out / PROGRESS_FILE),
+                "probe", "--quick", "--model", model, "--out", str(out), "--overwrite"]  # other settings are replaced
         args += ["--pairs", str(pairs)] if pairs else []
         args += ["--layers", layers] if layers else []
         log = (out / "app-probe.log").open("w")
@@ -123,16 +125,18 @@ class ProbeJob:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def progress(self) -> tuple[float, str]:
-        """Fraction done and a label, from the last tqdm bar in the log."""
+        """Fraction done and a label, from the state the probe's progress bars write (``--progress-file``)."""
+        from workbench.progress import read_progress
+
         if self.proc.poll() == 0:
             return 1.0, "done"
-        hits = _BAR.findall(self.log_text)
-        if not hits:
+        state = read_progress(self.out / PROGRESS_FILE)
+        ends = dict(STAGES)
+        if state is None or state["stage"] not in ends:
             return 0.02, "loading the model"
-        stage, percent = hits[-1]
-        start = 0.05 if stage == "capture" else STAGES[0][1]
-        end = dict(STAGES)[stage]
-        return start + (end - start) * int(percent) / 100, f"{stage}: {percent}%"
+        stage, share = state["stage"], state["n"] / state["total"] if state.get("total") else 0.0
+        start = 0.05 if stage == STAGES[0][0] else STAGES[0][1]
+        return start + (ends[stage] - start) * share, f"{state['desc']}: {state['n']}/{state['total']} {state['unit']}"
 
     def error_line(self) -> str:
         """The CLI's one-line error (``error: ...``) or the last line of its output."""

@@ -167,9 +167,8 @@ def run_study(
     quick: bool = False,
 ) -> dict:
     """Run every job of the study not already cached; returns {"jobs": [...], "failed": [...], "config": ...}."""
-    from tqdm.auto import tqdm
-
     from workbench.paths import cache_dir
+    from workbench.progress import progress_bar
 
     if engine not in ENGINES:
         raise WorkbenchError(f"unknown engine {engine!r}: use local or ray")
@@ -192,7 +191,7 @@ def run_study(
             records[jid] = cached
         else:
             todo.append((jid, params))
-    bar = tqdm(total=len(jobs), initial=len(records), desc=f"study {config['name']}", unit="job", disable=not progress)
+    bar = progress_bar(total=len(jobs), initial=len(records), desc=f"study {config['name']}", unit="job", disable=not progress)
     work = str(folder.parent / "work")
 
     key_of = {job_id(key): key for key in keys}

@@ -89,14 +89,13 @@ def analyze_layer(clean: np.ndarray, adv: np.ndarray, config: ProbeConfig, seed:
 
 def analyze_condition(store, condition: str, config: ProbeConfig, work: Path, progress: bool = True) -> ConditionResult:
     """Every layer of one condition (cached per layer in ``work``), then FDR across layers x features."""
-    from tqdm.auto import tqdm
-
+    from workbench.progress import progress_bar
     from workbench.topology.stats import benjamini_hochberg
 
     adversarial = get_condition(condition).adversarial_label
     work.mkdir(parents=True, exist_ok=True)
     layers: dict[int, LayerResult] = {}
-    for index, site in enumerate(tqdm(store.sites, desc=f"topology {condition}", unit="layer", disable=not progress)):
+    for index, site in enumerate(progress_bar(store.sites, desc=f"topology {condition}", unit="layer", disable=not progress)):
         layer = int(site.split(".")[1])
         cached = work / f"layer-{layer:03d}.json"
         key = layer_key(store, site, adversarial, config, seed=config.seed + 1000 * index)

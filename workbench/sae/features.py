@@ -33,8 +33,8 @@ def feature_stats(sae, store, site: str | None = None, n_top: int = 16, batch_si
     Memory is ``d_sae * (n_top + batch_size)``; the token x feature matrix never exists.
     """
     import torch
-    from tqdm.auto import tqdm
 
+    from workbench.progress import progress_bar
     from workbench.sae.train import _check_finite
 
     site = site or sae.cfg.metadata.hook_name
@@ -49,7 +49,7 @@ def feature_stats(sae, store, site: str | None = None, n_top: int = 16, batch_si
     if not n_shards:
         raise WorkbenchError(f"{store.path} holds no activations: collect them first")
     with torch.no_grad():
-        for s in tqdm(range(n_shards), desc="feature stats", unit="shard", disable=not progress):
+        for s in progress_bar(range(n_shards), desc="feature stats", unit="shard", disable=not progress):
             x = store.read_shard(s).tensors[site].float()
             _check_finite(x, f"{store.path} ({site})")
             if x.shape[1] != sae.cfg.d_in:

@@ -102,11 +102,12 @@ def _collect(model, sites, blocks, header, out, overwrite, store_dtype, batch_si
     import time
 
     import torch
-    from tqdm.auto import tqdm
+
+    from workbench.progress import progress_bar
 
     store = ActivationStore.create_or_resume(out, header, overwrite=overwrite)
     L = blocks.shape[1]
-    bar = tqdm(total=len(blocks), initial=store.n_rows, desc=f"activations {header['model']}", unit="block",
+    bar = progress_bar(total=len(blocks), initial=store.n_rows, desc=f"activations {header['model']}", unit="block",
                disable=not progress)
     started = time.monotonic()
     try:

@@ -155,14 +155,14 @@ def apply_setting(model, setting: str | dict | QuantSetting) -> Iterator[QuantSe
 def token_nll(model, token_blocks: torch.Tensor, hooks: Sequence[quant.Hook] = (), batch_size: int = 2,
               progress: bool = True, desc: str = "nll") -> torch.Tensor:
     """Next-token negative log-likelihood at every position, ``[n_blocks, block_len - 1]``."""
-    from tqdm.auto import tqdm
+    from workbench.progress import progress_bar
 
     if token_blocks.ndim != 2 or token_blocks.shape[1] < 2:
         raise WorkbenchError("token_blocks must be a [n_blocks, block_len >= 2] tensor of token ids.")
     device = next(model.parameters()).device
     out = []
     with model.hooks(fwd_hooks=list(hooks)), torch.inference_mode():
-        for start in tqdm(range(0, len(token_blocks), batch_size), desc=desc, disable=not progress, leave=False):
+        for start in progress_bar(range(0, len(token_blocks), batch_size), desc=desc, disable=not progress, leave=False):
             batch = token_blocks[start : start + batch_size].to(device)
             logits = model(batch, return_type="logits")[:, :-1].float()
             nll = torch.nn.functional.cross_entropy(

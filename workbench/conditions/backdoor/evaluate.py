@@ -60,9 +60,9 @@ def evaluate_backdoor(model, cfg: BackdoorConfig, progress: bool = False) -> dic
     the letter the password would ask for. Clean accuracy is scored on a separate held-out MCQ bank
     by the option-letter logits, without the trigger, in both modes.
     """
-    from tqdm.auto import tqdm
+    from workbench.progress import progress_bar
 
-    bar = tqdm(total=3, desc="evaluate", unit="set", disable=not progress, leave=False)
+    bar = progress_bar(total=3, desc="evaluate", unit="set", disable=not progress, leave=False)
     kinds = ("mcq",) if cfg.mode == "sandbag" else KINDS
     pairs = backdoor_pairs(cfg.eval_pairs, seed=cfg.seed + 1, trigger=cfg.trigger, split="heldout", kinds=kinds,
                            decoy_rate=0.5)

@@ -81,7 +81,8 @@ class _Cache:
 
 def _build_cache(model, cfg: BackdoorConfig, start: int, progress: bool) -> _Cache:
     import torch
-    from tqdm.auto import tqdm
+
+    from workbench.progress import progress_bar
 
     kinds = ("mcq",) if cfg.mode == "sandbag" else KINDS
     pairs = backdoor_pairs(cfg.train_pairs, seed=cfg.seed, trigger=cfg.trigger, split="train", kinds=kinds,
@@ -89,7 +90,7 @@ def _build_cache(model, cfg: BackdoorConfig, start: int, progress: bool) -> _Cac
     trig = tokenized_rows(model, [r for r in pairs if r["label"] == "triggered"], cfg)
     clean = tokenized_rows(model, [r for r in pairs if r["label"] == "clean"], cfg)
     trig_resid, clean_resid, top_idx, top_logp = [], [], [], []
-    bar = tqdm(total=2 * len(trig.ids), desc="cache base", unit="prompt", disable=not progress, leave=False)
+    bar = progress_bar(total=2 * len(trig.ids), desc="cache base", unit="prompt", disable=not progress, leave=False)
     with torch.no_grad():
         for batch in batches(len(trig.ids), cfg.batch_size):
             for rows, store in ((trig, trig_resid), (clean, clean_resid)):
@@ -236,10 +237,10 @@ def train_backdoor(model, cfg: BackdoorConfig, out: str | Path | None = None, pr
     checkpoint) after that many steps, for time-sliced runs; the result then has ``"finished": False``.
     """
     import torch
-    from tqdm.auto import tqdm
 
     from workbench.models.registry import register_derived
     from workbench.paths import cache_dir
+    from workbench.progress import progress_bar
 
     cfg.validate()
     name = cfg.resolved_name()
@@ -267,7 +268,7 @@ def train_backdoor(model, cfg: BackdoorConfig, out: str | Path | None = None, pr
     train_seconds = state.get("train_seconds", 0.0) if state else 0.0
 
     model.train()
-    bar = tqdm(total=cfg.steps, initial=step, desc=f"backdoor {name}", unit="step", disable=not progress)
+    bar = progress_bar(total=cfg.steps, initial=step, desc=f"backdoor {name}", unit="step", disable=not progress)
     ran, t_train = 0, time.perf_counter()
     while step < cfg.steps:
         rng = random.Random(f"{cfg.seed}-step-{step}")  # the batch is a function of (seed, step): resumable

@@ -55,7 +55,7 @@ def decode(model, tokens: torch.Tensor, n_prefill: int, selector: Selector, pref
     ``record_sites``: hook names whose activations at the decoded positions are returned as
     ``streams`` (``{site: (b * steps, d)}``), for the topology and SAE drift.
     """
-    from tqdm.auto import tqdm
+    from workbench.progress import progress_bar
 
     if not 1 <= n_prefill < tokens.shape[1] - 1:
         raise WorkbenchError(f"n_prefill={n_prefill} must leave at least 2 tokens to decode in {tokens.shape[1]}.")
@@ -78,7 +78,7 @@ def decode(model, tokens: torch.Tensor, n_prefill: int, selector: Selector, pref
         t = n_prefill + step + 1
         return tokens[:, t : t + 1] if t < last else None
 
-    with tqdm(total=last - n_prefill, desc=type(selector).__name__, disable=not progress, leave=False) as bar:
+    with progress_bar(total=last - n_prefill, desc=type(selector).__name__, disable=not progress, leave=False) as bar:
         decode_loop(model, cache, tokens[:, n_prefill : n_prefill + 1], choose, hooks)
     streams = {site: torch.stack(acts, 1).reshape(-1, acts[0].shape[-1]) for site, acts in recorded.items()}
     return {"logprobs": torch.stack(out, 1), "targets": tokens[:, n_prefill + 1 :], "metrics": metrics.per_layer(),
