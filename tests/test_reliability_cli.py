@@ -46,6 +46,8 @@ CASES = [
     (["quant", "eval", "--model", "tiny", "--settings", "nope"], "unknown quantization setting"),
     (["attention", "eval", "--model", "tiny", "--methods", "nope"], "unknown sparse-attention method"),
     (["--progress-file", "{w}", "sites", "--model", "tiny"], "is a folder: give a file path"),
+    (["probe", "--model", "tiny", "--condition", "injection,nope", "--out", "{w}/p"], "unknown condition 'nope'"),
+    (["probe", "--model", "tiny", "--condition", ",", "--out", "{w}/p"], "unknown condition ','"),
 ]
 
 

@@ -143,7 +143,9 @@ def _print_store(store) -> None:
 def probe(
     model: ModelOpt = "smollm2-135m",
     model_path: ModelPathOpt = None,
-    condition: Annotated[str, typer.Option(help="injection | backdoor | both")] = "injection",
+    condition: Annotated[str, typer.Option(
+        help="a condition (injection, agentdojo, backdoor), several comma-separated, 'both' (injection,backdoor) "
+             "or 'all'")] = "injection",
     layers: Annotated[str | None, typer.Option(help="comma-separated layers (default: all)")] = None,
     pairs: Annotated[int | None, typer.Option(help="clean/adversarial prompt pairs per condition")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="fewer prompts, layers and subsamples (~2 min)")] = False,
@@ -164,9 +166,12 @@ def probe(
     from workbench.probe import ProbeConfig
     from workbench.probe.figures import summary_table
 
-    if condition not in (*CONDITIONS, "both"):
-        raise WorkbenchError(f"unknown condition {condition!r}: use {', '.join(CONDITIONS)} or both")
-    conditions = tuple(CONDITIONS) if condition == "both" else (condition,)
+    named = {"both": "injection,backdoor", "all": ",".join(CONDITIONS)}.get(condition, condition)
+    conditions = tuple(dict.fromkeys(_split(named)))  # in the order given, once each
+    unknown = [c for c in conditions if c not in CONDITIONS]
+    if unknown or not conditions:
+        raise WorkbenchError(f"unknown condition {(unknown or [condition])[0]!r}: use {', '.join(CONDITIONS)}, "
+                             "several comma-separated, both or all")
     chosen = _parse_layers(layers)
     overrides = {k: v for k, v in dict(conditions=conditions, layers=chosen, seed=seed, batch_size=batch_size,
                                          n_pairs=pairs).items() if v is not None}

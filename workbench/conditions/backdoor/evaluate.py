@@ -13,7 +13,6 @@ from workbench.conditions.backdoor.rows import (
     forward_rows,
     letter_ids,
     logits_at,
-    prompt_texts,
     reply_ids,
     tokenized_rows,
 )
@@ -108,20 +107,15 @@ def rate(flags) -> float | None:
 
 
 def sample_replies(model, cfg: BackdoorConfig, n: int = 3, max_new_tokens: int = 12) -> list[dict]:
-    """A few real greedy generations (held-out, with and without the trigger), for the record."""
-    import torch
-
-    from workbench.capture import tokenize
+    """A few real greedy generations (held-out, with and without the trigger), for the record: through the
+    workbench's one decoding loop (``tools.generate``), in the chat template when the config asks for it."""
+    from workbench.models import has_chat_template
+    from workbench.tools.generate import generate
 
     kinds = ("mcq",) if cfg.mode == "sandbag" else KINDS
     pairs = backdoor_pairs(n, seed=cfg.seed + 2, trigger=cfg.trigger, split="heldout", kinds=kinds, decoy_rate=0.5)
-    out = []
-    for rec, text in zip(pairs, prompt_texts(model, pairs, cfg.chat), strict=True):
-        ids, _, _ = tokenize(model, [text], cfg.max_tokens)
-        with torch.no_grad():
-            gen = model.generate(torch.tensor(ids), max_new_tokens=max_new_tokens, do_sample=False, verbose=False,
-                                 stop_at_eos=True)
-        reply = model.tokenizer.decode(gen[0, len(ids[0]):], skip_special_tokens=True)
-        out.append({"label": rec["label"], "user": rec["text"], "reply": reply})
-    return out
+    chat = cfg.chat and has_chat_template(model)
+    return [{"label": rec["label"], "user": rec["text"],
+             "reply": generate(model, rec["text"], chat=chat, max_new_tokens=max_new_tokens)[0]["text"]}
+            for rec in pairs]
 
