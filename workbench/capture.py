@@ -237,7 +237,7 @@ def check_max_tokens(model, max_tokens: int | None) -> int:
     return int(max_tokens)
 
 
-def _span_masks(offsets, spans, lengths, device):
+def span_masks(offsets, spans, lengths, device):
     """Token mask of each row's character span [start, end): tokens whose characters overlap it."""
     import torch
 
@@ -358,7 +358,7 @@ def _fill(model, store, records, sites, positions, batch_size, max_tokens, store
             tokens = tokens.to(device)
             length_t = torch.tensor(lengths, device=device)
             real = torch.arange(tokens.shape[1], device=device)[None, :] < length_t[:, None]
-            mask = _span_masks(offsets, [r[span_field] for r in batch], lengths, device) if positions == "span" else real
+            mask = span_masks(offsets, [r[span_field] for r in batch], lengths, device) if positions == "span" else real
             got = run_sites(model, tokens, sites, positions, length_t, mask)
             shard_base = len(buffer_rows)
             for site in sites:

@@ -143,3 +143,57 @@ def score_file(model, detector: dict, records: list[dict], out: Path, chat: bool
     rows = score_prompts(model, detector, records, cache_dir("detect-work"))
     write_jsonl(rows, out)
     return rows
+
+
+# ----------------------------------------------------------------------------- generalization: `workbench detect eval`
+
+EVAL_SOURCES = ("generator", "agentdojo")
+
+
+def eval_records(sources=EVAL_SOURCES, n_pairs: int = 150, seed: int = 0) -> list[dict]:
+    """Matched pairs from each source, tagged with ``source``: the generator, and each AgentDojo suite apart
+    (``agentdojo:banking`` ...), so that leaving one source out leaves out a whole environment."""
+    from workbench.conditions import get_condition
+
+    unknown = [s for s in sources if s not in EVAL_SOURCES]
+    if unknown or not sources:
+        raise WorkbenchError(f"unknown source {(unknown or [''])[0]!r}: use {', '.join(EVAL_SOURCES)}")
+    records = []
+    if "generator" in sources:
+        records += [{**r, "source": "generator"} for r in get_condition("injection").prompts(None, n_pairs, seed=seed)]
+    if "agentdojo" in sources:
+        from workbench.conditions.agentdojo import agentdojo_records, suite_names
+
+        for suite in suite_names():
+            records += [{**r, "source": f"agentdojo:{suite}"}
+                        for r in agentdojo_records(suites=[suite], n_pairs=n_pairs, seed=seed)]
+    return records
+
+
+def run_detect_eval(model="smollm2-135m", sources=EVAL_SOURCES, n_pairs: int = 150, layers=None,
+                    split: str = "source", max_tokens: int = 512, batch_size: int = 8, n_boot: int = 1000,
+                    seed: int = 0, progress: bool = True) -> dict:
+    """Leave-one-source-out (``split="source"``) or leave-one-family-out (``"family"``, generator only) AUCs of
+    every detector and baseline; features cached in the user cache by everything they depend on."""
+    from workbench.detect.evaluate import evaluate, summarize
+    from workbench.detect.features import activation_features, text_features
+    from workbench.detect.views import model_identity
+    from workbench.models import has_chat_template, load_model
+    from workbench.paths import cache_dir
+
+    if split not in ("source", "family"):
+        raise WorkbenchError(f"unknown split {split!r}: use source (leave one source out) or family")
+    if split == "family":
+        sources = ("generator",)
+    records = eval_records(sources, n_pairs, seed)
+    hooked = load_model(model) if isinstance(model, str) else model
+    n = hooked.cfg.n_layers
+    layers = sorted(set(layers)) if layers else sorted({n // 5, (2 * n) // 5, n // 2, (3 * n) // 5, (4 * n) // 5})
+    acts = activation_features(hooked, records, layers, max_tokens=max_tokens, batch_size=batch_size,
+                               chat=has_chat_template(hooked), cache=cache_dir("detect-features"), progress=progress)
+    groups = [r["source"] if split == "source" else r.get("attack_family_of_pair") or "none" for r in records]
+    rows = evaluate(acts, text_features(records), layers, [r["label"] != "clean" for r in records], groups,
+                    [len(r["text"]) for r in records], [bool(r.get("near_miss")) for r in records],
+                    n_boot=n_boot, seed=seed, progress=progress)
+    return {"model": model_identity(hooked), "split": split, "sources": list(sources), "n_pairs": n_pairs,
+            "layers": layers, "n_records": len(records), "rows": rows, "summary": summarize(rows)}

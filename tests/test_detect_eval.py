@@ -1,0 +1,105 @@
+"""Generalization measurement for injection detectors: metrics, JSON pipelines, leave-one-group-out, features."""
+
+import json
+
+import numpy as np
+import pytest
+
+from workbench.detect import metrics
+from workbench.detect.evaluate import evaluate, summarize
+from workbench.detect.pipelines import Detector
+from workbench.errors import WorkbenchError
+
+
+def test_length_matched_auc_sees_through_a_length_detector():
+    rng = np.random.default_rng(0)
+    n = 400
+    y = np.r_[np.ones(n), np.zeros(n)].astype(int)
+    lengths = np.r_[rng.uniform(100, 300, n), rng.uniform(80, 280, n)]  # injected a little longer
+    score = lengths.copy()  # a pure length detector
+    assert metrics.auc(y, score) > 0.55
+    lm, pairs = metrics.length_matched_auc(y, score, lengths)
+    assert pairs > 1000 and abs(lm - 0.5) < 0.1  # within 10% of each other, length says little
+    real = y + rng.normal(0, 0.3, 2 * n)  # a detector that sees the content
+    assert metrics.length_matched_auc(y, real, lengths)[0] > 0.9
+
+
+def test_auc_ci_brackets_the_point_and_tpr_at_fpr_reads_the_curve():
+    rng = np.random.default_rng(1)
+    y = np.r_[np.ones(200), np.zeros(200)].astype(int)
+    s = y + rng.normal(0, 1, 400)
+    a, lo, hi = metrics.auc_ci(y, s, n_boot=200)
+    assert lo < a < hi and 0.65 < a < 0.85
+    assert metrics.tpr_at_fpr(y, s, 0.01) <= metrics.tpr_at_fpr(y, s, 0.05) <= 1
+    assert metrics.tpr_at_fpr(y, np.r_[np.ones(200), np.zeros(200)], 0.0) == 1.0
+    threshold = metrics.threshold_at_fpr(s[y == 0], 0.05)
+    assert metrics.false_positive_rate(s[y == 0], threshold) == pytest.approx(0.05, abs=0.01)
+
+
+def test_a_detector_round_trips_through_json_exactly():
+    rng = np.random.default_rng(2)
+    X, y = rng.normal(size=(120, 6)), rng.integers(0, 2, 120)
+    for settings in ({"C": 0.5}, {"C": 1.0, "pca": 3}):
+        det = Detector("d", [("last", 3)], settings=settings).fit(X, y)
+        loaded = Detector.from_dict(json.loads(json.dumps(det.to_dict())))
+        assert np.array_equal(loaded.predict_proba(X), det.predict_proba(X))
+        assert loaded.blocks == [("last", 3)] and loaded.settings == settings
+    bad = det.to_dict()
+    bad["steps"][0]["class"] = "os.system"
+    with pytest.raises(WorkbenchError, match="not one this workbench loads"):
+        Detector.from_dict(bad)
+
+
+def _planted(seed=0, n_groups=3, n=60, d=5, layers=(1, 4)):
+    """Activations where only layer 4's 'last' view carries the label, in every group, plus a length cue
+    that flips sign between groups (a detector that learns length fails to generalize)."""
+    rng = np.random.default_rng(seed)
+    N = n_groups * n
+    y = rng.integers(0, 2, N)
+    groups = np.repeat([f"g{i}" for i in range(n_groups)], n)
+    last = rng.normal(size=(N, len(layers), d)).astype(np.float32)
+    last[:, layers.index(4), 0] += 3 * y
+    flip = np.where(groups == "g0", 1.0, -1.0)
+    lengths = 200 + 12 * y * flip + rng.normal(0, 4, N)
+    acts = {v: last.copy() for v in ("last", "doc_mean", "doc_max", "delta")}
+    text = {"length": np.log(lengths)[:, None], "keywords": rng.normal(size=(N, 2))}
+    return acts, text, list(layers), y, groups, lengths
+
+
+def test_leave_one_group_out_finds_the_signal_and_its_layer_not_the_length_cue():
+    acts, text, layers, y, groups, lengths = _planted()
+    detectors = {"length": [("text", "length")], "probe": [("last", "layer")]}
+    rows = evaluate(acts, text, layers, y, groups, lengths, detectors=detectors, n_boot=50, progress=False)
+    assert len(rows) == 6 and {r["held_out"] for r in rows} == {"g0", "g1", "g2"}
+    probe = [r for r in rows if r["detector"] == "probe"]
+    assert all(r["layer"] == 4 and r["auc"] > 0.9 and r["length_matched_auc"] > 0.85 for r in probe)
+    summary = {s["detector"]: s for s in summarize(rows)}
+    assert summary["length"]["min_auc"] < 0.5 < summary["probe"]["min_auc"]  # length reverses on g0
+
+
+def test_evaluate_refuses_a_group_with_one_class():
+    acts, text, layers, y, groups, lengths = _planted()
+    y = np.where(groups == "g1", 0, y)
+    with pytest.raises(WorkbenchError, match="'g1' .* one class only"):
+        evaluate(acts, text, layers, y, groups, lengths, detectors={"l": [("text", "length")]}, progress=False)
+
+
+def test_activation_features_are_cached_batch_invariant_and_delta_is_the_task_contrast(tiny, tmp_path):
+    from workbench.detect.features import activation_features, document_span, task_alone
+
+    records = [{"text": f"Summarize this.\n\nThe report {i} says sales rose.", "label": "clean"} for i in range(5)]
+    assert document_span(records[0]) == (17, len(records[0]["text"]))
+    assert task_alone(records[0])["text"] == "Summarize this.\n\n"
+    a = activation_features(tiny, records, [1, 3], cache=tmp_path, progress=False)
+    files = list(tmp_path.glob("features-*.npz"))
+    assert len(files) == 1 and set(a) == {"last", "doc_mean", "doc_max", "delta"}
+    assert a["last"].shape == (5, 2, tiny.cfg.d_model)
+    stamp = files[0].stat().st_mtime_ns
+    b = activation_features(tiny, records, [1, 3], cache=tmp_path, progress=False)
+    assert files[0].stat().st_mtime_ns == stamp and all(np.array_equal(a[k], b[k]) for k in a)
+    c = activation_features(tiny, records, [1, 3], batch_size=1, progress=False)
+    assert all(np.allclose(a[k], c[k], atol=1e-5) for k in a)
+    alone = activation_features(tiny, [task_alone(r) for r in records], [1, 3], delta=False, progress=False)
+    assert np.allclose(a["delta"], a["last"] - alone["last"], atol=1e-5)
+    other = activation_features(tiny, records, [1], cache=tmp_path, progress=False)  # other layers: another entry
+    assert np.allclose(other["last"][:, 0], a["last"][:, 0], atol=1e-5) and len(list(tmp_path.glob("*.npz"))) == 2

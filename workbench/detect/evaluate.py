@@ -1,0 +1,122 @@
+"""Does a detector generalize? Leave one source (or one attack family) out, choose everything on the rest.
+
+For each held-out group, every detector's layer and regularization are chosen by an inner
+leave-one-group-out over the training groups only (plain 3-fold CV when there is one), the pipeline
+is refitted on all training rows, and the held-out rows are scored once: AUC with a bootstrap CI,
+length-matched AUC, TPR at 1% and 5% FPR, and the false-positive rate of benign near-misses at the
+threshold that gives 5% FPR on the training clean rows. Text-only baselines (length, keywords) and a
+last-token linear probe always sit in the same table.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from workbench.detect import metrics
+from workbench.detect.pipelines import Detector, feature_matrix
+from workbench.errors import WorkbenchError
+
+LAYER = "layer"  # placeholder in a block: the layer chosen on the training groups
+DETECTORS = {
+    "length (baseline)": [("text", "length")],
+    "keywords (baseline)": [("text", "keywords")],
+    "last-token probe": [("last", LAYER)],
+    "document span mean+max": [("doc_mean", LAYER), ("doc_max", LAYER)],
+    "TaskTracker delta": [("delta", LAYER)],
+    "delta + span mean + last": [("delta", LAYER), ("doc_mean", LAYER), ("last", LAYER)],
+}
+C_GRID = (0.01, 0.1, 1.0)
+FPR_FOR_THRESHOLD = 0.05
+
+
+def _blocks(template, layer):
+    return [(view, layer if where == LAYER else where) for view, where in template]
+
+
+def _inner_folds(groups: np.ndarray, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    names = sorted(set(groups))
+    if len(names) >= 2:
+        return [(groups != g, groups == g) for g in names]
+    rng = np.random.default_rng(seed)
+    part = rng.permutation(len(groups)) % 3
+    return [(part != k, part == k) for k in range(3)]
+
+
+def choose(template, acts, layers, text, y, groups, rows, seed: int = 0) -> dict:
+    """The layer and C with the best mean inner AUC on the (training) ``rows`` only; ``y`` and ``groups`` are theirs."""
+    uses_layer = any(where == LAYER for _, where in template)
+    best = None
+    for layer in (layers if uses_layer else [None]):
+        X = feature_matrix(_blocks(template, layer), acts, layers, text)[rows]
+        for C in C_GRID:
+            scores = []
+            for fit_rows, val_rows in _inner_folds(groups, seed):
+                if len(set(y[fit_rows])) < 2 or len(set(y[val_rows])) < 2:
+                    continue
+                det = Detector("inner", [], settings={"C": C}).fit(X[fit_rows], y[fit_rows])
+                scores.append(metrics.auc(y[val_rows], det.predict_proba(X[val_rows])))
+            mean = float(np.mean(scores)) if scores else -math.inf
+            if best is None or mean > best["inner_auc"]:
+                best = {"layer": layer, "C": C, "inner_auc": mean}
+    return best
+
+
+def evaluate(acts: dict, text: dict, layers: list[int], labels: Sequence[int], groups: Sequence[str],
+             lengths: Sequence[float], near_miss: Sequence[bool] | None = None, detectors: dict | None = None,
+             n_boot: int = 1000, seed: int = 0, progress: bool = True) -> list[dict]:
+    """One row per (held-out group, detector). ``groups`` are what is left out (sources or attack families)."""
+    from workbench.progress import progress_bar
+
+    y = np.asarray(labels).astype(int)
+    groups, lengths = np.asarray(groups), np.asarray(lengths, dtype=float)
+    near = np.zeros(len(y), bool) if near_miss is None else np.asarray(near_miss, bool)
+    detectors = detectors or DETECTORS
+    names = sorted(set(groups))
+    if len(names) < 2:
+        raise WorkbenchError(f"leave-one-out needs at least two groups, got {names}")
+    rows = []
+    for held in progress_bar([str(g) for g in names], desc="held-out groups", unit="group", disable=not progress):
+        train, test = groups != held, groups == held
+        if len(set(y[test])) < 2 or len(set(y[train])) < 2:
+            raise WorkbenchError(f"group '{held}' (or the rest) holds one class only: every group needs both")
+        for name, template in detectors.items():
+            pick = choose(template, acts, layers, text, y[train], groups[train], train, seed)
+            X = feature_matrix(_blocks(template, pick["layer"]), acts, layers, text)
+            det = Detector(name, _blocks(template, pick["layer"]), settings={"C": pick["C"]}).fit(X[train], y[train])
+            s_train, s = det.predict_proba(X[train]), det.predict_proba(X[test])
+            threshold = metrics.threshold_at_fpr(s_train[(y[train] == 0)], FPR_FOR_THRESHOLD)
+            a, lo, hi = metrics.auc_ci(y[test], s, n_boot=n_boot, seed=seed)
+            lm, n_matched = metrics.length_matched_auc(y[test], s, lengths[test])
+            t_near = near[test]
+            rows.append({
+                "held_out": held, "detector": name, "layer": pick["layer"], "C": pick["C"],
+                "inner_auc": round(pick["inner_auc"], 4), "n_train": int(train.sum()), "n_test": int(test.sum()),
+                "auc": a, "auc_low": lo, "auc_high": hi, "length_matched_auc": lm, "matched_pairs": n_matched,
+                "tpr_at_1pct_fpr": metrics.tpr_at_fpr(y[test], s, 0.01),
+                "tpr_at_5pct_fpr": metrics.tpr_at_fpr(y[test], s, 0.05),
+                "fpr_clean_at_threshold": metrics.false_positive_rate(s[(y[test] == 0) & ~t_near], threshold),
+                "tpr_at_threshold": float((s[y[test] == 1] > threshold).mean()),
+                "near_miss_fpr": metrics.false_positive_rate(s[t_near], threshold) if t_near.any() else math.nan,
+                "n_near_miss": int(t_near.sum()),
+            })
+    return rows
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Per detector: the mean and the worst held-out AUC and length-matched AUC over the groups."""
+    out = []
+    for name in dict.fromkeys(r["detector"] for r in rows):
+        mine = [r for r in rows if r["detector"] == name]
+        aucs = [r["auc"] for r in mine]
+        lms = [r["length_matched_auc"] for r in mine if not math.isnan(r["length_matched_auc"])]
+        nm = [r["near_miss_fpr"] for r in mine if not math.isnan(r["near_miss_fpr"])]
+        out.append({"detector": name, "mean_auc": float(np.mean(aucs)), "min_auc": float(np.min(aucs)),
+                    "mean_length_matched_auc": float(np.mean(lms)) if lms else math.nan,
+                    "min_length_matched_auc": float(np.min(lms)) if lms else math.nan,
+                    "mean_tpr_at_5pct_fpr": float(np.mean([r["tpr_at_5pct_fpr"] for r in mine])),
+                    "near_miss_fpr": float(np.mean(nm)) if nm else math.nan,
+                    "layers": sorted({r["layer"] for r in mine if r["layer"] is not None})})
+    return out

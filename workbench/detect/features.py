@@ -1,0 +1,150 @@
+"""Per-prompt features for injection detectors: pooled activations at several layers, and text-only baselines.
+
+One forward pass per batch reads every asked layer's residual stream and pools it per prompt, so no
+token-level store is written: ``last`` (the last token, where the model answers from), ``doc_mean`` and
+``doc_max`` (over the document's own tokens), and, with ``delta``, TaskTracker's activation delta: the
+last-token activation of the whole prompt minus that of the same prompt with the document removed (the
+task alone), which asks "did reading the document change what the model is about to do?".
+
+The document is the record's ``span``; a record without one (a user's plain text) gets the heuristic
+``document_span``: everything after the first blank line, else the whole text. Arrays are float32,
+``[n_prompts, n_layers, d_model]`` per view; they are cached by everything they depend on (the model's
+weights and dtype, the prompts, layers, settings and ``FEATURES_VERSION``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+
+from workbench.errors import WorkbenchError
+
+FEATURES_VERSION = 1
+ACTIVATION_VIEWS = ("last", "doc_mean", "doc_max", "delta")
+# Words that instructions to a model tend to use: the keyword baseline (a detector must beat it).
+KEYWORDS = ("ignore", "instruction", "instructions", "system", "assistant", "important", "override", "disregard",
+            "previous", "prompt", "must", "now", "immediately", "do not", "forget", "instead", "admin", "urgent")
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def document_span(record: dict) -> tuple[int, int]:
+    """The record's ``span``, or everything after the first blank line (the whole text when there is none)."""
+    text = record["text"]
+    if record.get("span") is not None:
+        a, b = record["span"]
+        return int(a), int(b)
+    cut = text.find("\n\n")
+    return (cut + 2, len(text)) if 0 <= cut < len(text) - 2 else (0, len(text))
+
+
+def task_alone(record: dict) -> dict:
+    """The record with its document removed (the delimiters and the task stay): TaskTracker's baseline prompt."""
+    a, b = document_span(record)
+    text = record["text"][:a] + record["text"][b:]
+    return {"text": text if text.strip() else record["text"][:1] or " "}
+
+
+def text_features(records: list[dict]) -> dict[str, np.ndarray]:
+    """Baselines that read only the text: log word count, and the count of instruction keywords per 100 words."""
+    words = [_WORD.findall(r["text"].lower()) for r in records]
+    n = np.array([len(w) for w in words], dtype=np.float64)
+    lowered = [" " + " ".join(w) + " " for w in words]
+    hits = np.array([sum(text.count(f" {k} ") for k in KEYWORDS) for text in lowered], dtype=np.float64)
+    return {"length": np.log1p(n)[:, None], "keywords": np.c_[hits, 100 * hits / np.maximum(n, 1)]}
+
+
+def features_key(model_identity: dict, records: list[dict], layers: list[int], max_tokens: int, delta: bool,
+                 chat: bool) -> str:
+    from workbench.capture import prompts_sha256
+
+    blob = [FEATURES_VERSION, model_identity, prompts_sha256(records), [document_span(r) for r in records],
+            list(layers), max_tokens, delta, chat]
+    return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def activation_features(model, records: list[dict], layers: list[int], *, max_tokens: int = 512,
+                        batch_size: int = 8, delta: bool = True, chat: bool = True, cache: str | Path | None = None,
+                        progress: bool = True) -> dict[str, np.ndarray]:
+    """``{view: float32[n, len(layers), d_model]}`` for ``records`` (raw user turns; wrapped in the chat template
+    when ``chat`` and the model has one), cached under ``cache`` when given."""
+    from workbench.detect.views import model_identity
+
+    layers = [int(L) for L in layers]
+    bad = [L for L in layers if not 0 <= L < model.cfg.n_layers]
+    if bad or not layers:
+        raise WorkbenchError(f"layers {bad or layers} out of range: {model.cfg.model_name} has layers "
+                             f"0..{model.cfg.n_layers - 1}")
+    key = features_key(model_identity(model), records, layers, max_tokens, delta, chat)
+    file = Path(cache) / f"features-{key}.npz" if cache is not None else None
+    if file is not None and file.exists():
+        with np.load(file) as held:
+            return {k: held[k] for k in held.files}
+    out = _pooled(model, records, layers, max_tokens, batch_size, chat, progress, with_doc=True)
+    if delta:
+        alone = _pooled(model, [task_alone(r) for r in records], layers, max_tokens, batch_size, chat, progress,
+                        with_doc=False)
+        out["delta"] = out["last"] - alone["last"]
+    if file is not None:
+        from workbench.io import write_atomic
+
+        file.parent.mkdir(parents=True, exist_ok=True)
+        def save(tmp: Path) -> None:
+            with open(tmp, "wb") as fh:  # a file object: np.savez would append ".npz" to a path
+                np.savez(fh, **out)
+
+        write_atomic(file, save)
+    return out
+
+
+def _pooled(model, records, layers, max_tokens, batch_size, chat, progress, with_doc: bool) -> dict[str, np.ndarray]:
+    import torch
+
+    from workbench.capture import StopForward, forward_until_stopped, span_masks, tokenize
+    from workbench.models import chat_records
+    from workbench.progress import progress_bar
+
+    spans = [document_span(r) for r in records]
+    shown = chat_records(model, [{"text": r["text"], "span": list(s)} for r, s in zip(records, spans, strict=True)],
+                         chat)
+    ids, offsets, _ = tokenize(model, [r["text"] for r in shown], max_tokens, warn=False)
+    pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
+    sites = [f"blocks.{L}.hook_resid_post" for L in layers]
+    deepest = f"blocks.{max(layers)}.hook_resid_post"  # the forward stops once it has fired
+    views = ("last", "doc_mean", "doc_max") if with_doc else ("last",)
+    out = {v: np.zeros((len(records), len(layers), model.cfg.d_model), dtype=np.float32) for v in views}
+    order = np.argsort([len(i) for i in ids])  # similar lengths together: less padding
+    bar = progress_bar(total=len(records), desc="features", unit="prompt", disable=not progress, leave=False)
+    for start in range(0, len(order), batch_size):
+        rows = order[start: start + batch_size].tolist()
+        lengths = torch.tensor([len(ids[r]) for r in rows])
+        tokens = torch.full((len(rows), int(lengths.max())), pad, dtype=torch.long)
+        for j, r in enumerate(rows):
+            tokens[j, : lengths[j]] = torch.tensor(ids[r])
+        tokens = tokens.to(model.cfg.device)
+        doc = None
+        if with_doc:
+            doc = span_masks([offsets[r] for r in rows], [shown[r]["span"] for r in rows], lengths.tolist(),
+                              tokens.device).float()
+        got: dict[str, torch.Tensor] = {}
+
+        def hook(act, hook, lengths=lengths, doc=doc, got=got):
+            a = act.float()
+            got[hook.name + ":last"] = a[torch.arange(len(a)), lengths.to(a.device) - 1]
+            if doc is not None:
+                got[hook.name + ":doc_mean"] = (a * doc[..., None]).sum(1) / doc.sum(1, keepdim=True)
+                got[hook.name + ":doc_max"] = a.masked_fill(doc[..., None] == 0, float("-inf")).amax(1)
+            if hook.name == deepest:
+                raise StopForward
+
+        with torch.inference_mode():
+            forward_until_stopped(model, tokens, [(s, hook) for s in dict.fromkeys(sites)])
+        for i, site in enumerate(sites):
+            for v in views:
+                out[v][rows, i] = got[f"{site}:{v}"].cpu().numpy()
+        bar.update(len(rows))
+    bar.close()
+    return out

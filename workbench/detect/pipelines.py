@@ -1,0 +1,110 @@
+"""Detectors as scikit-learn pipelines over feature arrays, saved as plain JSON (no pickle: loading runs no code).
+
+A ``Detector`` names the feature blocks it reads (``("delta", 15)``: the delta view at layer 15;
+``("text", "length")``: a text-only baseline) and holds a fitted ``Pipeline`` (standardize, optional PCA,
+logistic regression). ``to_dict`` writes each step's ``get_params`` and its fitted attributes as lists;
+``from_dict`` rebuilds only the classes on the allow-list below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from workbench.errors import WorkbenchError
+
+FORMAT = 1
+_FITTED = {  # the fitted attributes that make each allowed step usable after loading
+    "StandardScaler": ("mean_", "scale_", "var_", "n_features_in_", "n_samples_seen_"),
+    "PCA": ("components_", "mean_", "explained_variance_", "explained_variance_ratio_", "singular_values_",
+            "n_components_", "n_features_in_", "n_samples_", "noise_variance_"),
+    "LogisticRegression": ("coef_", "intercept_", "classes_", "n_features_in_", "n_iter_"),
+}
+
+
+def _classes():
+    from sklearn.decomposition import PCA
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    return {"StandardScaler": StandardScaler, "PCA": PCA, "LogisticRegression": LogisticRegression}
+
+
+def make_pipeline(C: float = 1.0, pca: int | None = None, seed: int = 0):
+    """Standardize, optionally project on ``pca`` principal components, then a logistic regression."""
+    from sklearn.pipeline import Pipeline
+
+    classes = _classes()
+    steps = [("scale", classes["StandardScaler"]())]
+    if pca:
+        steps.append(("pca", classes["PCA"](n_components=pca, random_state=seed)))
+    steps.append(("clf", classes["LogisticRegression"](C=C, max_iter=5000)))
+    return Pipeline(steps)
+
+
+def feature_matrix(blocks: list[tuple[str, object]], activations: dict, layers: list[int], text: dict) -> np.ndarray:
+    """The columns a detector reads: activation views at layers, and text baselines, side by side."""
+    parts = []
+    for view, where in blocks:
+        if view == "text":
+            parts.append(text[where])
+        else:
+            if where not in layers:
+                raise WorkbenchError(f"layer {where} was not captured (have {layers})")
+            parts.append(activations[view][:, layers.index(where)])
+    return np.concatenate([np.asarray(p, dtype=np.float64).reshape(len(p), -1) for p in parts], axis=1)
+
+
+@dataclass
+class Detector:
+    """Feature blocks plus a fitted pipeline; ``predict_proba`` gives P(injected) per prompt."""
+
+    name: str
+    blocks: list[tuple[str, object]]
+    pipeline: object = None
+    settings: dict = field(default_factory=dict)  # C, pca, chosen layer: what was selected and how
+
+    def fit(self, X: np.ndarray, y: np.ndarray) -> Detector:
+        self.pipeline = make_pipeline(self.settings.get("C", 1.0), self.settings.get("pca")).fit(X, y)
+        return self
+
+    def predict_proba(self, X: np.ndarray) -> np.ndarray:
+        return self.pipeline.predict_proba(X)[:, 1]
+
+    def to_dict(self) -> dict:
+        steps = []
+        for name, step in self.pipeline.steps:
+            kind = type(step).__name__
+            fitted = {a: _jsonable(getattr(step, a)) for a in _FITTED[kind] if hasattr(step, a)}
+            steps.append({"name": name, "class": kind, "params": _jsonable(step.get_params(deep=False)),
+                          "fitted": fitted})
+        return {"format": FORMAT, "name": self.name, "blocks": [list(b) for b in self.blocks],
+                "settings": self.settings, "steps": steps}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Detector:
+        from sklearn.pipeline import Pipeline
+
+        if data.get("format") != FORMAT:
+            raise WorkbenchError(f"detector of format {data.get('format')!r}, this workbench reads {FORMAT}: retrain")
+        classes, steps = _classes(), []
+        for step in data["steps"]:
+            if step["class"] not in classes:
+                raise WorkbenchError(f"detector step {step['class']!r} is not one this workbench loads")
+            obj = classes[step["class"]](**step["params"])
+            for attr, value in step["fitted"].items():
+                setattr(obj, attr, np.asarray(value) if isinstance(value, list) else value)
+            steps.append((step["name"], obj))
+        return cls(name=data["name"], blocks=[tuple(b) for b in data["blocks"]], pipeline=Pipeline(steps),
+                   settings=dict(data.get("settings") or {}))
+
+
+def _jsonable(value):
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    return value
