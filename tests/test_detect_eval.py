@@ -103,3 +103,18 @@ def test_activation_features_are_cached_batch_invariant_and_delta_is_the_task_co
     assert np.allclose(a["delta"], a["last"] - alone["last"], atol=1e-5)
     other = activation_features(tiny, records, [1], cache=tmp_path, progress=False)  # other layers: another entry
     assert np.allclose(other["last"][:, 0], a["last"][:, 0], atol=1e-5) and len(list(tmp_path.glob("*.npz"))) == 2
+
+
+def test_detect_eval_command_writes_its_tables(tmp_path, monkeypatch):
+    """`workbench detect eval` end to end on the tiny model over the four AgentDojo suites."""
+    from tests.cli_harness import run_cli
+
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
+    code, out, err = run_cli(["detect", "eval", "--model", "tiny", "--sources", "agentdojo", "--pairs", "6",
+                              "--layers", "3", "--boot", "20", "--dtype", "float32", "--out", tmp_path / "r"])
+    assert code == 0, err
+    assert "TaskTracker delta" in out and "length (baseline)" in out
+    saved = json.loads((tmp_path / "r" / "results.json").read_text())
+    assert {r["held_out"] for r in saved["rows"]} == {f"agentdojo:{s}" for s in ("banking", "slack", "travel",
+                                                                                 "workspace")}
+    assert saved["versions"]["torch"] and (tmp_path / "r" / "results.md").read_text().count("|") > 20

@@ -197,8 +197,14 @@ def probe(
     typer.echo(f"report: {Path(out) / 'report.json'} and {Path(out) / 'report.html'}")
 
 
-@app.command()
+detect_app = typer.Typer(help="Injection detectors: train and score (`workbench detect`), measure generalization "
+                                "(`workbench detect eval`).")
+app.add_typer(detect_app, name="detect")
+
+
+@detect_app.callback(invoke_without_command=True)
 def detect(
+    ctx: typer.Context,
     prompts: Annotated[Path | None, typer.Option(help="JSONL to score ('text' per line); omit with --train")] = None,
     out: Annotated[Path | None, typer.Option(help="scores JSONL (default: PROMPTS.scores.jsonl)")] = None,
     model: ModelOpt = "smollm2-135m",
@@ -217,6 +223,8 @@ def detect(
     A detector is trained once and reused; one trained on another model or layer, or with other
     --pairs/--seed than asked, is refused (pass --train to refit it).
     """
+    if ctx.invoked_subcommand is not None:  # `workbench detect eval ...`: only the subcommand runs
+        return
     from workbench.capture import read_prompt_file
     from workbench.commands.detect import detector_folder, score_file, trained_or_loaded
     from workbench.detect import DetectorConfig, resolve_layer
@@ -240,6 +248,36 @@ def detect(
         return
     rows = score_file(hooked, detector, records, out, chat=chat)
     typer.echo(f"scored {len(rows)} prompts -> {out}")
+
+
+@detect_app.command("eval")
+def detect_eval(
+    sources: Annotated[str, typer.Option(help="comma-separated: generator, agentdojo (each suite its own source)")]
+    = "generator,agentdojo",
+    split: Annotated[str, typer.Option(help="source: leave one source out; family: leave one attack family out")]
+    = "source",
+    model: ModelOpt = "smollm2-135m",
+    pairs: Annotated[int, typer.Option(help="pairs per source (AgentDojo: per suite)")] = 150,
+    layers: Annotated[str | None, typer.Option(help="candidate layers (default: five across the depth)")] = None,
+    boot: Annotated[int, typer.Option(help="bootstrap resamples for the AUC CIs")] = 1000,
+    dtype: DtypeOpt = "bfloat16",
+    out: Annotated[Path | None, typer.Option(help="folder for results.json / results.csv / results.md")] = None,
+    seed: Annotated[int, typer.Option(help="seed of the prompt sets and the bootstrap")] = 0,
+):
+    """Leave-one-source-out (or -family-out) AUCs of every detector and baseline; everything is chosen on the
+    training sources only."""
+    from workbench.commands.detect import run_detect_eval, write_detect_eval
+    from workbench.io import check_output_folder
+
+    check_output_folder(out)
+    result = run_detect_eval(model, sources=tuple(_split(sources)), n_pairs=pairs, layers=_parse_layers(layers),
+                             split=split, n_boot=boot, dtype=dtype, seed=seed)
+    typer.echo(f"{'detector':<28}{'mean AUC':>9}{'min AUC':>9}{'len-matched':>12}{'TPR@5%':>8}{'near-miss FP':>13}")
+    for r in result["summary"]:
+        typer.echo(f"{r['detector']:<28}{r['mean_auc']:>9.3f}{r['min_auc']:>9.3f}{r['mean_length_matched_auc']:>12.3f}"
+                   f"{r['mean_tpr_at_5pct_fpr']:>8.3f}{r['near_miss_fpr']:>13.3f}")
+    if out is not None:
+        typer.echo(f"results: {write_detect_eval(result, out)}")
 
 
 @app.command()

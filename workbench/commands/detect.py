@@ -172,9 +172,11 @@ def eval_records(sources=EVAL_SOURCES, n_pairs: int = 150, seed: int = 0) -> lis
 
 def run_detect_eval(model="smollm2-135m", sources=EVAL_SOURCES, n_pairs: int = 150, layers=None,
                     split: str = "source", max_tokens: int = 512, batch_size: int = 8, n_boot: int = 1000,
-                    seed: int = 0, progress: bool = True) -> dict:
+                    dtype: str = "bfloat16", seed: int = 0, progress: bool = True) -> dict:
     """Leave-one-source-out (``split="source"``) or leave-one-family-out (``"family"``, generator only) AUCs of
-    every detector and baseline; features cached in the user cache by everything they depend on."""
+    every detector and baseline; features cached in the user cache by everything they depend on. ``dtype``: the
+    model's (bfloat16 by default: about 4x float32's speed on this CPU, and detectors are trained and scored in one
+    dtype, which the features' cache key and the results record)."""
     from workbench.detect.evaluate import evaluate, summarize
     from workbench.detect.features import activation_features, text_features
     from workbench.detect.views import model_identity
@@ -186,14 +188,39 @@ def run_detect_eval(model="smollm2-135m", sources=EVAL_SOURCES, n_pairs: int = 1
     if split == "family":
         sources = ("generator",)
     records = eval_records(sources, n_pairs, seed)
-    hooked = load_model(model) if isinstance(model, str) else model
+    hooked = load_model(model, dtype=dtype) if isinstance(model, str) else model
     n = hooked.cfg.n_layers
     layers = sorted(set(layers)) if layers else sorted({n // 5, (2 * n) // 5, n // 2, (3 * n) // 5, (4 * n) // 5})
-    acts = activation_features(hooked, records, layers, max_tokens=max_tokens, batch_size=batch_size,
-                               chat=has_chat_template(hooked), cache=cache_dir("detect-features"), progress=progress)
+    per_source = {}  # one cache entry per source: a changed generator leaves AgentDojo's features valid
+    for source in dict.fromkeys(r["source"] for r in records):
+        mine = [r for r in records if r["source"] == source]
+        per_source[source] = activation_features(hooked, mine, layers, max_tokens=max_tokens, batch_size=batch_size,
+                                                 chat=has_chat_template(hooked), cache=cache_dir("detect-features"),
+                                                 progress=progress)
+    records = [r for source in per_source for r in records if r["source"] == source]
+    acts = {view: np.concatenate([f[view] for f in per_source.values()]) for view in next(iter(per_source.values()))}
     groups = [r["source"] if split == "source" else r.get("attack_family_of_pair") or "none" for r in records]
     rows = evaluate(acts, text_features(records), layers, [r["label"] != "clean" for r in records], groups,
                     [len(r["text"]) for r in records], [bool(r.get("near_miss")) for r in records],
                     n_boot=n_boot, seed=seed, progress=progress)
     return {"model": model_identity(hooked), "split": split, "sources": list(sources), "n_pairs": n_pairs,
             "layers": layers, "n_records": len(records), "rows": rows, "summary": summarize(rows)}
+
+
+def write_detect_eval(result: dict, out) -> Path:
+    """``out/results.json`` (everything, with versions), ``results.csv`` (a row per held-out group and detector)
+    and ``results.md`` (the per-detector summary), each written atomically."""
+    from workbench.commands.tool_results import markdown_table
+    from workbench.io import write_csv_atomic, write_text_atomic
+    from workbench.report import versions
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "results.json", json.dumps({**result, "versions": versions()}, indent=1, default=str))
+    write_csv_atomic(out / "results.csv", result["rows"])
+    columns = ["detector", "mean_auc", "min_auc", "mean_length_matched_auc", "min_length_matched_auc",
+               "mean_tpr_at_5pct_fpr", "near_miss_fpr", "layers"]
+    caption = (f"{result['model']['model']} ({result['model']['model_dtype']}), leave one {result['split']} out over "
+               f"{', '.join(sorted({r['held_out'] for r in result['rows']}))}; {result['n_records']} prompts")
+    write_text_atomic(out / "results.md", caption + "\n\n" + markdown_table(result["summary"], columns))
+    return out
