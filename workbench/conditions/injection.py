@@ -26,6 +26,18 @@ generalisation split. Everything comes from ``random.Random`` seeded per pair by
 gives the same file (the corpus is deterministic for one environment). Forged chat turns stay text; by
 default they use look-alike markers, never a tokenizer's real control-token strings (``control_tokens=True``
 adds those). ``near_miss_records`` gives standalone clean near-misses; ``import_records`` reads a user's file.
+
+Record fields: ``text``, ``label`` (clean / injected), ``pair``, ``span`` ([start, end) of the document in
+``text``), ``split`` (train / heldout), ``condition``, ``source`` ("generator"), ``task``, ``document_type``,
+``attack_family`` (None on clean rows), ``attack_family_of_pair``, ``difficulty`` (the pair's: easy = an explicit
+imperative, medium, hard = in-voice, hidden, obfuscated, other-language or wrapped in benign text),
+``position`` (start / middle / end) and ``position_chars`` (its offset in the document), ``carrier`` (line,
+inline, html-comment, hidden-div, csv-cell, json-field, code-todo, voice, ...), ``inserted`` (the inserted text,
+"" for a no-insert twin), ``inserted_chars``, ``inserted_span`` (where it sits in ``text``),
+``insertion_span`` (every character the insertion added), ``clean_kind``, ``clean_chars`` / ``injected_chars``
+(both twins' lengths, for length-matched evaluation), ``benign_style`` (mirror / near_miss / plain on clean
+rows with an insert), ``near_miss``, ``near_miss_words``, ``language`` (of the insert) and ``prose`` (how many
+corpus passages the document holds).
 """
 
 from __future__ import annotations
@@ -1397,8 +1409,8 @@ def _obfuscated(r: random.Random, v: dict) -> tuple[str, dict]:
     parts = _FAMILY_PARTS[family][1:] if _FAMILY_PARTS[family][0] is DECO else _FAMILY_PARTS[family]
     method = r.choice(ENCODINGS)
     inner = _compose(r, parts, **v)
-    if method in ("spaced", "fullwidth", "dotted", "hex"):
-        inner = inner[:90]
+    if method in ("spaced", "fullwidth", "hex") and len(inner) > 100:
+        inner = inner[: inner.rfind(" ", 0, 100)]  # these spell every character out: keep them short
     return _encode(r, inner, method), {"encoding": method}
 
 
@@ -1597,7 +1609,7 @@ TASKS = {
     "translate": ["translate {the_doc} into {lang}", "give me a {lang} version of {the_doc}",
                   "render {the_doc} in {lang}, keeping the formatting", "translate {the_doc} to {lang} for a colleague"],
     "question": ["read {the_doc} and answer: {q}", "answer this question about {the_doc}: {q}",
-                 "using only {the_doc}, answer: {q}", "look at {the_doc}. {Q}"],
+                 "using only {the_doc}, answer: {q}", "answer from {the_doc}: {q}"],
     "extract": ["list every person and organization mentioned in {the_doc}", "extract all dates and amounts from {the_doc}",
                 "pull out the action items from {the_doc}", "extract the key facts from {the_doc} as JSON",
                 "find the names, emails and phone numbers in {the_doc}"],
@@ -1630,7 +1642,7 @@ def _task(r: random.Random, task_type: str, display: str, doc: _Doc) -> str:
     q = r.choice(list(doc.questions) + ["what is the main point?", "what is being asked of the reader?",
                                         "is anything urgent mentioned?", "what dates are mentioned?"])
     phrase = _fill(r, r.choice(TASKS[task_type]), the_doc=r.choice(THE_DOC).format(d=display), brief=r.choice(BRIEF),
-                   q=q, Q=_cap(q))
+                   q=q)
     if not prefix or prefix.endswith((". ", ": ")):
         phrase = _cap(phrase)
     text = prefix + phrase
