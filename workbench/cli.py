@@ -260,7 +260,7 @@ def detect_eval(
     pairs: Annotated[int, typer.Option(help="pairs per source (AgentDojo: per suite)")] = 150,
     layers: Annotated[str | None, typer.Option(help="candidate layers (default: five across the depth)")] = None,
     boot: Annotated[int, typer.Option(help="bootstrap resamples for the AUC CIs")] = 1000,
-    dtype: DtypeOpt = "bfloat16",
+    dtype: DtypeOpt = "float32",
     out: Annotated[Path | None, typer.Option(help="folder for results.json / results.csv / results.md")] = None,
     seed: Annotated[int, typer.Option(help="seed of the prompt sets and the bootstrap")] = 0,
 ):

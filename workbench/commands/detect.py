@@ -172,11 +172,11 @@ def eval_records(sources=EVAL_SOURCES, n_pairs: int = 150, seed: int = 0) -> lis
 
 def run_detect_eval(model="smollm2-135m", sources=EVAL_SOURCES, n_pairs: int = 150, layers=None,
                     split: str = "source", max_tokens: int = 512, batch_size: int = 8, n_boot: int = 1000,
-                    dtype: str = "bfloat16", seed: int = 0, progress: bool = True) -> dict:
+                    dtype: str = "float32", seed: int = 0, progress: bool = True) -> dict:
     """Leave-one-source-out (``split="source"``) or leave-one-family-out (``"family"``, generator only) AUCs of
     every detector and baseline; features cached in the user cache by everything they depend on. ``dtype``: the
-    model's (bfloat16 by default: about 4x float32's speed on this CPU, and detectors are trained and scored in one
-    dtype, which the features' cache key and the results record)."""
+    model's; detectors are trained and scored in one dtype, which the features' cache key and the results record
+    (on the 2-core CPU, TransformerLens's SmolLM2 forward ran 7x slower in bfloat16 than in float32)."""
     from workbench.detect.evaluate import evaluate, summarize
     from workbench.detect.features import activation_features, text_features
     from workbench.detect.views import model_identity
