@@ -228,7 +228,22 @@ def detector_reward(model, detector: dict, work, view: str = "probe") -> Reward:
     if view not in VIEWS:
         raise WorkbenchError(f"view={view!r}: choose one of {', '.join(VIEWS)}.")
 
-    def reward(prompt: str, sample: str) -> float:
+    if view == "probe":  # the last-token probe needs one pooled forward: nothing written per sample
+        import numpy as np
+
+        from workbench.detect import check_detector, score_logistic
+        from workbench.detect.features import activation_features
+
+        check_detector(model, detector)
+
+        def probe(prompt: str, sample: str) -> float:
+            last = activation_features(model, [{"text": prompt + sample}], [detector["layer"]], delta=False,
+                                       chat=False, progress=False)["last"][:, 0]
+            return float(score_logistic(detector["views"]["probe"]["params"], last.astype(np.float64))[0])
+
+        return probe
+
+    def reward(prompt: str, sample: str) -> float:  # the topological views read a token-cloud store
         row = score_prompts(model, detector, [{"text": prompt + sample}], work, progress=False)[0]
         return row[f"score_{view}"]
 
