@@ -118,3 +118,4 @@ def test_detect_eval_command_writes_its_tables(tmp_path, monkeypatch):
     assert {r["held_out"] for r in saved["rows"]} == {f"agentdojo:{s}" for s in ("banking", "slack", "travel",
                                                                                  "workspace")}
     assert saved["versions"]["torch"] and (tmp_path / "r" / "results.md").read_text().count("|") > 20
+    assert (tmp_path / "r" / "figure.png").stat().st_size > 10_000

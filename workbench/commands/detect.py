@@ -223,4 +223,36 @@ def write_detect_eval(result: dict, out) -> Path:
     caption = (f"{result['model']['model']} ({result['model']['model_dtype']}), leave one {result['split']} out over "
                f"{', '.join(sorted({r['held_out'] for r in result['rows']}))}; {result['n_records']} prompts")
     write_text_atomic(out / "results.md", caption + "\n\n" + markdown_table(result["summary"], columns))
+    detect_eval_figure(result, out / "figure.png")
     return out
+
+
+def detect_eval_figure(result: dict, path) -> None:
+    """Held-out AUC (with its bootstrap CI) and length-matched AUC per detector, one panel per held-out group."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from workbench.io import write_atomic
+
+    groups = list(dict.fromkeys(r["held_out"] for r in result["rows"]))
+    names = list(dict.fromkeys(r["detector"] for r in result["rows"]))
+    fig, axes = plt.subplots(1, len(groups), figsize=(3.2 * len(groups), 4.2), sharey=True, squeeze=False)
+    for ax, group in zip(axes[0], groups, strict=True):
+        mine = {r["detector"]: r for r in result["rows"] if r["held_out"] == group}
+        x = np.arange(len(names))
+        auc = np.array([mine[n]["auc"] for n in names])
+        err = np.array([[mine[n]["auc"] - mine[n]["auc_low"], mine[n]["auc_high"] - mine[n]["auc"]] for n in names]).T
+        ax.bar(x - 0.2, auc, 0.4, yerr=err, capsize=2, label="AUC (95% CI)")
+        ax.bar(x + 0.2, [mine[n]["length_matched_auc"] for n in names], 0.4, label="length-matched AUC")
+        ax.axhline(0.5, color="grey", lw=0.8, ls=":")
+        ax.axhline(0.9, color="green", lw=0.8, ls="--")
+        ax.set_xticks(x, names, rotation=70, ha="right", fontsize=7)
+        ax.set_title(f"held out: {group}", fontsize=9)
+        ax.set_ylim(0, 1.02)
+    axes[0][0].set_ylabel("held-out AUC")
+    axes[0][0].legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    write_atomic(Path(path), lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    plt.close(fig)
