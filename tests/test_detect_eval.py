@@ -119,3 +119,14 @@ def test_detect_eval_command_writes_its_tables(tmp_path, monkeypatch):
                                                                                  "workspace")}
     assert saved["versions"]["torch"] and (tmp_path / "r" / "results.md").read_text().count("|") > 20
     assert (tmp_path / "r" / "figure.png").stat().st_size > 10_000
+
+
+def test_train_on_fits_one_group_set_and_tests_each_other_group():
+    acts, text, layers, y, groups, lengths = _planted()
+    rows = evaluate(acts, text, layers, y, groups, lengths, detectors={"probe": [("last", "layer")]}, n_boot=20,
+                    train_on=["g0"], progress=False)
+    assert [r["held_out"] for r in rows] == ["g1", "g2"] and all(r["n_train"] == 60 for r in rows)
+    assert all(r["auc"] > 0.9 for r in rows)  # the planted signal transfers from g0 alone
+    with pytest.raises(WorkbenchError, match="must name some of the groups"):
+        evaluate(acts, text, layers, y, groups, lengths, detectors={"p": [("last", "layer")]},
+                 train_on=["nope"], progress=False)

@@ -6,6 +6,7 @@ The views, the fit and the scoring are ``workbench.detect``; this module owns th
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -172,7 +173,8 @@ def eval_records(sources=EVAL_SOURCES, n_pairs: int = 150, seed: int = 0) -> lis
 
 def run_detect_eval(model="smollm2-135m", sources=EVAL_SOURCES, n_pairs: int = 150, layers=None,
                     split: str = "source", max_tokens: int = 512, batch_size: int = 8, n_boot: int = 1000,
-                    dtype: str = "float32", seed: int = 0, progress: bool = True) -> dict:
+                    dtype: str = "float32", train_on: Sequence[str] | None = None, seed: int = 0,
+                    progress: bool = True) -> dict:
     """Leave-one-source-out (``split="source"``) or leave-one-family-out (``"family"``, generator only) AUCs of
     every detector and baseline; features cached in the user cache by everything they depend on. ``dtype``: the
     model's; detectors are trained and scored in one dtype, which the features' cache key and the results record
@@ -200,10 +202,12 @@ def run_detect_eval(model="smollm2-135m", sources=EVAL_SOURCES, n_pairs: int = 1
     records = [r for source in per_source for r in records if r["source"] == source]
     acts = {view: np.concatenate([f[view] for f in per_source.values()]) for view in next(iter(per_source.values()))}
     groups = [r["source"] if split == "source" else r.get("attack_family_of_pair") or "none" for r in records]
+    if train_on:  # a source name covers its parts: "agentdojo" is every suite
+        train_on = sorted({g for g in groups for t in train_on if g == t or g.startswith(f"{t}:")})
     rows = evaluate(acts, text_features(records), layers, [r["label"] != "clean" for r in records], groups,
                     [len(r["text"]) for r in records], [bool(r.get("near_miss")) for r in records],
-                    n_boot=n_boot, seed=seed, progress=progress)
-    return {"model": model_identity(hooked), "split": split, "sources": list(sources), "n_pairs": n_pairs,
+                    n_boot=n_boot, seed=seed, train_on=train_on, progress=progress)
+    return {"model": model_identity(hooked), "split": split, "train_on": list(train_on) if train_on else None, "sources": list(sources), "n_pairs": n_pairs,
             "layers": layers, "n_records": len(records), "rows": rows, "summary": summarize(rows)}
 
 
@@ -220,8 +224,10 @@ def write_detect_eval(result: dict, out) -> Path:
     write_csv_atomic(out / "results.csv", result["rows"])
     columns = ["detector", "mean_auc", "min_auc", "mean_length_matched_auc", "min_length_matched_auc",
                "mean_tpr_at_5pct_fpr", "near_miss_fpr", "layers"]
-    caption = (f"{result['model']['model']} ({result['model']['model_dtype']}), leave one {result['split']} out over "
-               f"{', '.join(sorted({r['held_out'] for r in result['rows']}))}; {result['n_records']} prompts")
+    tested = ", ".join(sorted({r["held_out"] for r in result["rows"]}))
+    how = (f"trained on {', '.join(result['train_on'])}, tested on each of {tested}" if result.get("train_on")
+           else f"leave one {result['split']} out over {tested}")
+    caption = f"{result['model']['model']} ({result['model']['model_dtype']}), {how}; {result['n_records']} prompts"
     write_text_atomic(out / "results.md", caption + "\n\n" + markdown_table(result["summary"], columns))
     detect_eval_figure(result, out / "figure.png")
     return out

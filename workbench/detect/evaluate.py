@@ -66,8 +66,12 @@ def choose(template, acts, layers, text, y, groups, rows, seed: int = 0) -> dict
 
 def evaluate(acts: dict, text: dict, layers: list[int], labels: Sequence[int], groups: Sequence[str],
              lengths: Sequence[float], near_miss: Sequence[bool] | None = None, detectors: dict | None = None,
-             n_boot: int = 1000, seed: int = 0, progress: bool = True) -> list[dict]:
-    """One row per (held-out group, detector). ``groups`` are what is left out (sources or attack families)."""
+             n_boot: int = 1000, seed: int = 0, train_on: Sequence[str] | None = None,
+             progress: bool = True) -> list[dict]:
+    """One row per (held-out group, detector). ``groups`` are what is left out (sources or attack families).
+
+    ``train_on``: fit on these groups only and test on each of the others (a transfer, e.g. from the generator
+    to each AgentDojo suite) instead of leaving one group out at a time."""
     from workbench.progress import progress_bar
 
     y = np.asarray(labels).astype(int)
@@ -77,9 +81,13 @@ def evaluate(acts: dict, text: dict, layers: list[int], labels: Sequence[int], g
     names = sorted(set(groups))
     if len(names) < 2:
         raise WorkbenchError(f"leave-one-out needs at least two groups, got {names}")
+    fixed = None if train_on is None else np.isin(groups, list(train_on))
+    if fixed is not None and (not fixed.any() or fixed.all()):
+        raise WorkbenchError(f"train_on {list(train_on)} must name some of the groups {names}, not all of them")
+    held_out = [str(g) for g in names if fixed is None or g not in set(train_on)]
     rows = []
-    for held in progress_bar([str(g) for g in names], desc="held-out groups", unit="group", disable=not progress):
-        train, test = groups != held, groups == held
+    for held in progress_bar(held_out, desc="held-out groups", unit="group", disable=not progress):
+        train, test = (groups != held if fixed is None else fixed), groups == held
         if len(set(y[test])) < 2 or len(set(y[train])) < 2:
             raise WorkbenchError(f"group '{held}' (or the rest) holds one class only: every group needs both")
         for name, template in detectors.items():
