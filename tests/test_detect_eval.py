@@ -130,3 +130,19 @@ def test_train_on_fits_one_group_set_and_tests_each_other_group():
     with pytest.raises(WorkbenchError, match="must name some of the groups"):
         evaluate(acts, text, layers, y, groups, lengths, detectors={"p": [("last", "layer")]},
                  train_on=["nope"], progress=False)
+
+
+def test_the_study_job_and_report_write_one_folder_per_job(tmp_path, monkeypatch):
+    from workbench.commands.study_jobs import detect_eval, detect_eval_report
+
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
+    common = {"model": "tiny", "sources": ["agentdojo"], "split": "source", "pairs": 6, "layers": [3], "boot": 20,
+              "dtype": "float32", "seed": 0}
+    jobs = []
+    for train_on in (None, ["agentdojo:banking"]):
+        params = {**common, "train_on": train_on}
+        jobs.append({"status": "done", "params": params, "result": detect_eval(dict(params), tmp_path)})
+    assert len(jobs[0]["result"]) == 4 * 6 and len(jobs[1]["result"]) == 3 * 6  # 6 detectors per held-out suite
+    detect_eval_report({"jobs": jobs, "config": {"quick": False}}, tmp_path / "results")
+    for tag in ("leave-one-source-out", "train-on-agentdojo-banking"):
+        assert (tmp_path / "results" / tag / "results.md").exists() and (tmp_path / "results" / tag / "figure.png").exists()

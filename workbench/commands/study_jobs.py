@@ -191,3 +191,31 @@ def polysemantic_report(outcome: dict, out: Path) -> None:
 
 def _done(outcome: dict) -> list[dict]:
     return [job for job in outcome["jobs"] if job["status"] == "done"]
+
+
+def detect_eval(params: dict, work: Path) -> list[dict]:
+    """``workbench detect eval`` with these settings: a row per (held-out source, detector)."""
+    from workbench.commands.detect import run_detect_eval
+
+    params = dict(params)
+    train_on = params.pop("train_on", None)
+    result = run_detect_eval(model=params.pop("model"), sources=tuple(params.pop("sources")),
+                             n_pairs=params.pop("pairs"), layers=params.pop("layers"), n_boot=params.pop("boot"),
+                             train_on=train_on, **params)
+    return [{**row, "n_records": result["n_records"], "model_dtype": result["model"]["model_dtype"]}
+            for row in result["rows"]]
+
+
+def detect_eval_report(outcome: dict, out: Path) -> None:
+    """results/leave-one-source-out/ and results/train-on-<sources>/: results.json/csv/md and figure.png."""
+    from workbench.commands.detect import write_detect_eval
+    from workbench.detect.evaluate import summarize
+
+    for job in _done(outcome):
+        p, rows = job["params"], job["result"]
+        tag = (f"train-on-{'+'.join(p['train_on'])}".replace(":", "-") if p.get("train_on")  # a portable folder name
+               else f"leave-one-{p.get('split', 'source')}-out")
+        result = {"model": {"model": p["model"], "model_dtype": rows[0]["model_dtype"]}, "split": p.get("split", "source"),
+                  "train_on": p.get("train_on"), "sources": p["sources"], "n_pairs": p["pairs"], "layers": p["layers"],
+                  "n_records": rows[0]["n_records"], "rows": rows, "summary": summarize(rows), "config": p}
+        write_detect_eval(result, Path(out) / tag)
