@@ -237,6 +237,18 @@ def check_max_tokens(model, max_tokens: int | None) -> int:
     return int(max_tokens)
 
 
+def pad_batch(model, ids: list[list[int]]):
+    """``LongTensor[len(ids), longest]`` of token rows, right-padded with the tokenizer's pad id (0 without one):
+    under causal attention a pad never reaches a real position, so no attention mask is needed."""
+    import torch
+
+    pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
+    tokens = torch.full((len(ids), max(len(row) for row in ids)), pad, dtype=torch.long)
+    for r, row in enumerate(ids):
+        tokens[r, : len(row)] = torch.tensor(row)
+    return tokens
+
+
 def span_masks(offsets, spans, lengths, device):
     """Token mask of each row's character span [start, end): tokens whose characters overlap it."""
     import torch
@@ -351,11 +363,7 @@ def _fill(model, store, records, sites, positions, batch_size, max_tokens, store
                                                warn=False)
             n_truncated += len(truncated)
             lengths = [len(x) for x in ids]
-            pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
-            tokens = torch.full((len(ids), max(lengths)), pad, dtype=torch.long)
-            for r, row in enumerate(ids):
-                tokens[r, : len(row)] = torch.tensor(row)
-            tokens = tokens.to(device)
+            tokens = pad_batch(model, ids).to(device)
             length_t = torch.tensor(lengths, device=device)
             real = torch.arange(tokens.shape[1], device=device)[None, :] < length_t[:, None]
             mask = span_masks(offsets, [r[span_field] for r in batch], lengths, device) if positions == "span" else real

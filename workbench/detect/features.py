@@ -103,7 +103,7 @@ def activation_features(model, records: list[dict], layers: list[int], *, max_to
 def _pooled(model, records, layers, max_tokens, batch_size, chat, progress, with_doc: bool) -> dict[str, np.ndarray]:
     import torch
 
-    from workbench.capture import StopForward, forward_until_stopped, span_masks, tokenize
+    from workbench.capture import StopForward, forward_until_stopped, pad_batch, span_masks, tokenize
     from workbench.models import chat_records
     from workbench.progress import progress_bar
 
@@ -111,7 +111,6 @@ def _pooled(model, records, layers, max_tokens, batch_size, chat, progress, with
     shown = chat_records(model, [{"text": r["text"], "span": list(s)} for r, s in zip(records, spans, strict=True)],
                          chat)
     ids, offsets, _ = tokenize(model, [r["text"] for r in shown], max_tokens, warn=False)
-    pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
     sites = [f"blocks.{L}.hook_resid_post" for L in layers]
     deepest = f"blocks.{max(layers)}.hook_resid_post"  # the forward stops once it has fired
     views = ("last", "doc_mean", "doc_max") if with_doc else ("last",)
@@ -121,10 +120,7 @@ def _pooled(model, records, layers, max_tokens, batch_size, chat, progress, with
     for start in range(0, len(order), batch_size):
         rows = order[start: start + batch_size].tolist()
         lengths = torch.tensor([len(ids[r]) for r in rows])
-        tokens = torch.full((len(rows), int(lengths.max())), pad, dtype=torch.long)
-        for j, r in enumerate(rows):
-            tokens[j, : lengths[j]] = torch.tensor(ids[r])
-        tokens = tokens.to(model.cfg.device)
+        tokens = pad_batch(model, [ids[r] for r in rows]).to(model.cfg.device)
         doc = None
         if with_doc:
             doc = span_masks([offsets[r] for r in rows], [shown[r]["span"] for r in rows], lengths.tolist(),

@@ -137,14 +137,11 @@ def next_token_probs(model, texts: list[str], fwd_hooks=()):
     """Next-token distributions after each text (right-padded batch, read at each last real token)."""
     import torch
 
-    from workbench.capture import tokenize
+    from workbench.capture import pad_batch, tokenize
 
     ids, _, _ = tokenize(model, texts, model.cfg.n_ctx)
     lengths = torch.tensor([len(x) for x in ids])
-    pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
-    tokens = torch.full((len(ids), int(lengths.max())), pad, dtype=torch.long)
-    for r, row in enumerate(ids):
-        tokens[r, : len(row)] = torch.tensor(row)
+    tokens = pad_batch(model, ids)
     with torch.no_grad():
         logits = model.run_with_hooks(tokens.to(model.cfg.device), fwd_hooks=list(fwd_hooks))
     last = logits[torch.arange(len(ids)), (lengths - 1).to(logits.device)].float()
