@@ -306,7 +306,7 @@ def detectors(tiny, tmp_path_factory):
     out = {}
     for layer in (1, 2):
         folder = tmp_path_factory.mktemp(f"det{layer}")
-        train_detector(tiny, DetectorConfig(model="tiny", n_pairs=14, reference_size=6, max_tokens=48, layer=layer),
+        train_detector(tiny, DetectorConfig(model="tiny", n_pairs=14, max_tokens=48, layer=layer, sources=["generator"]),
                        folder, progress=False)
         out[layer] = folder
     return out
@@ -339,8 +339,12 @@ BAD_DETECTOR_FILES = [
     (lambda t: t[: len(t) // 2], "not valid JSON"),
     (lambda t: "[1, 2]", "not a JSON object"),
     (lambda t: json.dumps({k: v for k, v in json.loads(t).items() if k != "weights_sha256"}), "weights_sha256"),
-    (lambda t: json.dumps({k: v for k, v in json.loads(t).items() if k != "views"}), "views"),
-    (lambda t: json.dumps({**json.loads(t), "views": {"token": {}}}), "views.token"),
+    (lambda t: json.dumps({k: v for k, v in json.loads(t).items() if k != "pipeline"}), "lacks pipeline"),
+    (lambda t: json.dumps({**json.loads(t), "format": 1}), "format 1"),
+    (lambda t: json.dumps({**json.loads(t), "pipeline": {**json.loads(t)["pipeline"], "steps": [
+        {"name": "x", "class": "Unpickler", "params": {}, "fitted": {}}]}}), "'Unpickler' is not one this workbench loads"),
+    (lambda t: json.dumps({**json.loads(t), "pipeline": {**json.loads(t)["pipeline"], "steps": [{"name": "x"}]}}),
+     "damaged pipeline"),
     (lambda t: json.dumps({**json.loads(t), "config": {"bogus": 1}}), "unknown config"),
     (lambda t: json.dumps({**json.loads(t), "model": "smollm2-135m", "d_model": 576}),
      "detector was trained on smollm2-135m layer 1 (d=576), this is tiny layer 1 (d=64)"),
@@ -364,6 +368,10 @@ BAD_DETECT = [
     (["--layer", "2"], "detector was trained on tiny layer 1 (d=64), this is tiny layer 2"),
     (["--pairs", "20"], "trained with --pairs 14"),
     (["--seed", "3"], "trained with --seed 0"),
+    (["--sources", "agentdojo"], "trained with --sources generator, not agentdojo"),
+    (["--sources", "nope"], "unknown source 'nope'"),
+    (["--detector", "nope"], "unknown detector 'nope'"),
+    (["--detector", "TaskTracker delta"], "not TaskTracker delta"),
     (["--out", "{dir}"], "is a folder"),
 ]
 
@@ -397,10 +405,8 @@ def test_two_detectors_score_the_same_prompts_with_their_own_work(cache, tiny, d
     assert len(list((cache / "detect-work").iterdir())) == 2  # one work folder per detector
     for layer, folder in detectors.items():  # each matches a from-scratch scoring by its own detector
         records = [json.loads(line) for line in prompts.read_text().splitlines()]
-        fresh = score_prompts(tiny, load_detector(folder / "detector.json"), records, tmp_path / f"fresh{layer}",
-                              progress=False)
-        assert [r["score_probe"] for r in scores[layer]] == pytest.approx([r["score_probe"] for r in fresh], abs=1e-9)
-        assert [r["score_token"] for r in scores[layer]] == pytest.approx([r["score_token"] for r in fresh], abs=1e-9)
+        fresh = score_prompts(tiny, load_detector(folder / "detector.json"), records, chat=False, progress=False)
+        assert [r["score"] for r in scores[layer]] == pytest.approx(fresh.tolist(), abs=1e-9)
     again = tmp_path / "again.jsonl"
     assert run_cli(detect_args(prompts, detectors[1], "--raw", "--out", again))[0] == 0
     assert [json.loads(line) for line in again.read_text().splitlines()] == scores[1]  # the cache reuses honestly
@@ -417,7 +423,7 @@ def test_a_detector_records_what_it_was_trained_on(tiny, detectors):
 def test_detector_config_validates_itself():
     from workbench.detect import DetectorConfig
 
-    for bad in ({"n_pairs": 13}, {"n_pairs": True}, {"layer": 1.5}, {"reference_size": 1}, {"maxdim": 3},
-                {"C": float("nan")}, {"C": 0}, {"seed": -1}):
+    for bad in ({"n_pairs": 13}, {"n_pairs": True}, {"layer": 1.5}, {"layers": []}, {"layers": [-1]},
+                {"max_tokens": 2}, {"detector": "bogus"}, {"sources": ["bogus"]}, {"sources": []}, {"seed": -1}):
         with pytest.raises(WorkbenchError):
             DetectorConfig(**bad)

@@ -209,27 +209,37 @@ def detect(
     out: Annotated[Path | None, typer.Option(help="scores JSONL (default: PROMPTS.scores.jsonl)")] = None,
     model: ModelOpt = "smollm2-135m",
     model_path: ModelPathOpt = None,
-    layer: Annotated[int | None, typer.Option(help="layer to read (default: the middle one)")] = None,
-    train: Annotated[bool, typer.Option("--train", help="(re)fit the detector on generated injection pairs")] = False,
-    pairs: Annotated[int | None, typer.Option(help="generated pairs for training (default 300)")] = None,
+    layer: Annotated[int | None, typer.Option(help="layer to read (default: chosen on the training sources)")] = None,
+    detector: Annotated[str, typer.Option(
+        help="auto (the best by leave-one-source-out on the training sources) or a name from `detect eval`")]
+    = "auto",
+    train: Annotated[bool, typer.Option("--train", help="(re)fit the detector")] = False,
+    sources: Annotated[str | None, typer.Option(
+        help="training sources, comma-separated: generator, agentdojo (default both)")] = None,
+    pairs: Annotated[int | None, typer.Option(help="matched pairs per training source (default 100)")] = None,
     detector_dir: Annotated[Path | None, typer.Option(help="where the detector lives (default: user cache)")] = None,
     chat: Annotated[bool, typer.Option("--chat/--raw", help="wrap texts in the chat template (as in training)")] = True,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "float32",
-    seed: Annotated[int | None, typer.Option(help="generator seed for training (default 0)")] = None,
+    seed: Annotated[int | None, typer.Option(help="seed of the training prompts (default 0)")] = None,
 ):
-    """Score prompts for injection: topological detectors (token cloud, reference cloud) beside a linear probe.
+    """Score prompts for injection with a detector chosen and fitted on real and generated sources.
 
-    A detector is trained once and reused; one trained on another model or layer, or with other
-    --pairs/--seed than asked, is refused (pass --train to refit it).
+    A detector is trained once (the detector, its layer and C chosen by leave-one-source-out over the training
+    sources) and reused; one trained on another model or layer, or with other --pairs/--seed/--sources/--detector
+    than asked, is refused (pass --train to refit it). Scores go to a JSONL file (``score``, ``flagged`` at the
+    threshold that flags 5% of the training clean prompts); with a ``label`` on every line the AUC is printed.
     """
     if ctx.invoked_subcommand is not None:  # `workbench detect eval ...`: only the subcommand runs
         return
     from workbench.capture import read_prompt_file
-    from workbench.commands.detect import detector_folder, score_file, trained_or_loaded
+    from workbench.commands.detect import detector_folder, labelled_auc, score_file, trained_or_loaded
     from workbench.detect import DetectorConfig, resolve_layer
+    from workbench.detect.trained import summary_line
 
-    config = DetectorConfig(layer=layer, n_pairs=300 if pairs is None else pairs, seed=seed or 0)  # validates
+    asked_sources = _split(sources) or None
+    config = DetectorConfig(layer=layer, detector=detector, n_pairs=100 if pairs is None else pairs,
+                            seed=seed or 0, **({"sources": asked_sources} if asked_sources else {}))  # validates
     records = read_prompt_file(prompts) if prompts is not None else None  # a bad file fails before any training
     out = out or (prompts.with_suffix(".scores.jsonl") if prompts is not None else None)
     if out is not None and out.is_dir():
@@ -237,17 +247,20 @@ def detect(
     hooked = _load(model, model_path, device, dtype)
     resolve_layer(hooked, layer)  # in range for this model, before anything is trained or written
     folder = detector_folder(hooked, layer, detector_dir)
-    detector, trained = trained_or_loaded(hooked, config, folder, train=train, pairs=pairs, seed=seed)
+    asked = {"n_pairs": ("--pairs", pairs), "seed": ("--seed", seed), "sources": ("--sources", asked_sources),
+             "detector": ("--detector", None if detector == "auto" else detector)}
+    trained_detector, trained = trained_or_loaded(hooked, config, folder, train=train, asked=asked)
     if trained:
-        typer.echo(f"detector at layer {detector['layer']} ({detector['n_train']} train / {detector['n_heldout']} "
-                   "held-out rows; held-out = unseen attack families and document types):")
-        for view, row in detector["views"].items():
-            typer.echo(f"  {view:<10} AUC held-out {row['auc_heldout']:.3f}  (train {row['auc_train']:.3f})")
+        typer.echo(summary_line(trained_detector))
         typer.echo(f"saved {Path(folder) / 'detector.json'}")
     if records is None:
         return
-    rows = score_file(hooked, detector, records, out, chat=chat)
-    typer.echo(f"scored {len(rows)} prompts -> {out}")
+    rows = score_file(hooked, trained_detector, records, out, chat=chat)
+    flagged = sum(r["flagged"] for r in rows)
+    typer.echo(f"scored {len(rows)} prompts ({flagged} flagged) -> {out}")
+    got = labelled_auc(rows)
+    if got is not None:
+        typer.echo(f"AUC against the file's labels: {got[0]:.3f} ({got[1]} prompts)")
 
 
 @detect_app.command("eval")

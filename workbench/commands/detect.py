@@ -1,84 +1,44 @@
 """``workbench detect``: train a per-prompt injection detector once (saved as plain JSON), reuse it, score prompts.
 
-The views, the fit and the scoring are ``workbench.detect``; this module owns the detector's folder.
+The features, the choice and the fit are ``workbench.detect.trained``; this module owns the detector's folder
+and the scores file.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
-from workbench.detect import (
+from workbench.detect.trained import (
     REQUIRED,
-    VIEWS,
+    SOURCES,
     DetectorConfig,
     check_detector,
-    content_key,
-    features,
-    fit_logistic,
-    model_identity,
-    reference_features,
-    resolve_layer,
-    score_logistic,
+    fit_detector,
     score_prompts,
+    source_records,
 )
 from workbench.errors import WorkbenchError
 from workbench.io import write_json_atomic
 
 
 def train_detector(model, config: DetectorConfig, out: str | Path, progress: bool = True) -> dict:
-    """Fit the three views on the generator's train split; AUC on its held-out split; save as JSON."""
-    from sklearn.metrics import roc_auc_score
+    """Fit the detector on every training source (features cached in the user cache); save ``out/detector.json``."""
+    from workbench.paths import cache_dir
 
-    from workbench.models import has_chat_template
-    from workbench.probe import ProbeConfig, condition_prompts
-
-    out = Path(out)
-    layer = resolve_layer(model, config.layer)
-    identity = model_identity(model)
-    records = condition_prompts(model, "injection", ProbeConfig(n_pairs=config.n_pairs, seed=config.seed))
-    y = np.array([r["label"] == "injected" for r in records], dtype=int)
-    split = np.array([r["split"] for r in records])
-    train, test = split == "train", split == "heldout"
-    # captures keyed by what changes them, so a retrain with other settings never meets an older capture
-    views = features(model, records, layer, out / "captures" / content_key(asdict(config), identity, layer), config,
-                     progress=progress)
-    X_last = views["probe"][0]
-    rng = np.random.default_rng(config.seed)
-    clean_train = np.flatnonzero(train & (y == 0))
-    ref_rows = rng.choice(clean_train, size=min(config.reference_size, len(clean_train) // 2), replace=False)
-    reference = X_last[ref_rows]
-    views["reference"] = reference_features(X_last, reference, config.maxdim, progress)
-    fit_rows = train.copy()
-    fit_rows[ref_rows] = False  # reference points are not scored against themselves
-    detector = {"config": asdict(config), "layer": layer, **identity, "chat": bool(has_chat_template(model)),
-                "reference": reference.tolist(), "views": {}}
-    for view, (X, names) in views.items():
-        params = fit_logistic(X[fit_rows], y[fit_rows], config.C)
-        scores = score_logistic(params, X[test])
-        detector["views"][view] = {"names": names, "params": params,
-                                   "auc_heldout": float(roc_auc_score(y[test], scores)),
-                                   "auc_train": float(roc_auc_score(y[fit_rows], score_logistic(params, X[fit_rows])))}
-    detector["n_train"], detector["n_heldout"] = int(fit_rows.sum()), int(test.sum())
-    by_family = {}
-    for view in VIEWS:
-        params = detector["views"][view]["params"]
-        scores = score_logistic(params, views[view][0])
-        for family in sorted({r["attack_family_of_pair"] for r in records}):
-            rows = test & np.array([r["attack_family_of_pair"] == family for r in records])
-            if rows.any() and len(set(y[rows])) == 2:
-                by_family.setdefault(family, {})[view] = float(roc_auc_score(y[rows], scores[rows]))
-    detector["auc_heldout_by_family"] = by_family
-    write_json_atomic(out / "detector.json", detector)
+    detector = fit_detector(model, config, cache=cache_dir("detect-features"), progress=progress)
+    write_json_atomic(Path(out) / "detector.json", detector)
     return detector
 
 
 def load_detector(path: str | Path) -> dict:
     """A detector.json, checked to hold everything scoring reads (one line naming what is wrong)."""
+    from workbench.detect.pipelines import Detector
+    from workbench.detect.trained import FORMAT
+
     path = Path(path)
     if not path.exists():
         raise WorkbenchError(f"no detector at {path}: run `workbench detect --train` first")
@@ -90,19 +50,21 @@ def load_detector(path: str | Path) -> dict:
     if not isinstance(detector, dict):
         raise WorkbenchError(f"{path} is not a detector (not a JSON object): {retrain}")
     missing = [k for k in REQUIRED if k not in detector]
-    views = detector.get("views")
-    if not missing and isinstance(views, dict):
-        missing = [f"views.{v}" for v in VIEWS if not isinstance(views.get(v), dict) or not isinstance(
-            views[v].get("params"), dict) or any(p not in views[v]["params"] for p in ("mean", "scale", "coef",
-                                                                                      "intercept"))]
-    if missing or not isinstance(views, dict):
-        raise WorkbenchError(f"{path} lacks {', '.join(missing) or 'views'} (older or damaged detector): {retrain}")
+    if missing:
+        raise WorkbenchError(f"{path} lacks {', '.join(missing)} (older or damaged detector): {retrain}")
+    if detector["format"] != FORMAT:
+        raise WorkbenchError(f"{path} is a detector of format {detector['format']!r}, this workbench reads "
+                             f"{FORMAT}: {retrain}")
     if not isinstance(detector["config"], dict):
         raise WorkbenchError(f"{path} has no valid config: {retrain}")
     try:
         DetectorConfig(**detector["config"])
     except TypeError as exc:
         raise WorkbenchError(f"{path} has an unknown config ({exc}): {retrain}") from None
+    try:
+        Detector.from_dict(detector["pipeline"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WorkbenchError(f"{path} holds a damaged pipeline ({type(exc).__name__}: {exc}): {retrain}") from None
     return detector
 
 
@@ -113,13 +75,13 @@ def detector_folder(model, layer: int | None, detector_dir: str | Path | None = 
     if detector_dir is not None:
         return Path(detector_dir)
     name = model_folder_name(model.workbench["name"])
-    return cache_dir("detectors") / f"{name}-L{layer if layer is not None else 'mid'}"
+    return cache_dir("detectors") / f"{name}-L{layer if layer is not None else 'auto'}"
 
 
-def trained_or_loaded(model, config: DetectorConfig, folder: Path, train: bool = False, pairs: int | None = None,
-                      seed: int | None = None, progress: bool = True) -> tuple[dict, bool]:
-    """The detector in ``folder`` (trained now when asked or absent), checked against this model and the asked
-    ``--pairs``/``--seed``; returns (detector, whether it was trained now)."""
+def trained_or_loaded(model, config: DetectorConfig, folder: Path, train: bool = False, asked: dict | None = None,
+                      progress: bool = True) -> tuple[dict, bool]:
+    """The detector in ``folder`` (trained now when asked or absent), checked against this model and every option
+    in ``asked`` (config field -> (option, value)); returns (detector, whether it was trained now)."""
     path = Path(folder) / "detector.json"
     if train or not path.exists():
         config.model = model.workbench["name"]
@@ -127,69 +89,68 @@ def trained_or_loaded(model, config: DetectorConfig, folder: Path, train: bool =
     detector = load_detector(path)
     check_detector(model, detector, config.layer)
     trained = detector["config"]
-    for option, asked, key in (("--pairs", pairs, "n_pairs"), ("--seed", seed, "seed")):
-        if asked is not None and trained.get(key) != asked:
-            raise WorkbenchError(f"the detector in {folder} was trained with {option} {trained.get(key)}, "
-                                 f"not {asked}: pass --train to refit it (or another --detector-dir)")
+    for key, (option, value) in (asked or {}).items():
+        if value is not None and trained.get(key) != value:
+            shown = ",".join(trained.get(key)) if isinstance(trained.get(key), list) else trained.get(key)
+            raise WorkbenchError(f"the detector in {folder} was trained with {option} {shown}, "
+                                 f"not {','.join(value) if isinstance(value, list) else value}: "
+                                 "pass --train to refit it (or another --detector-dir)")
     return detector, False
 
 
 def score_file(model, detector: dict, records: list[dict], out: Path, chat: bool = True) -> list[dict]:
-    """Score ``records`` (wrapped in the chat template when ``chat`` and the model has one) into ``out`` (JSONL)."""
+    """Score ``records`` into ``out`` (JSONL: each record without its text, plus ``score`` and ``flagged``);
+    ``chat=False`` feeds raw text to a detector trained on chat-wrapped prompts."""
     from workbench.io import write_jsonl
-    from workbench.models import chat_records
     from workbench.paths import cache_dir
 
-    records = chat_records(model, records, chat)
-    rows = score_prompts(model, detector, records, cache_dir("detect-work"))
+    scores = score_prompts(model, detector, records, cache=cache_dir("detect-work"),
+                           chat=None if chat else False)
+    rows = [{**{k: v for k, v in r.items() if k != "text"}, "score": float(p), "flagged": bool(p > detector["threshold"])}
+            for r, p in zip(records, scores, strict=True)]
     write_jsonl(rows, out)
     return rows
 
 
+def labelled_auc(rows: list[dict]) -> tuple[float, int] | None:
+    """AUC of the scores against the records' labels, when every record has one of two (clean: 0, 1, false)."""
+    from workbench.detect.metrics import auc
+
+    if not rows or any("label" not in r for r in rows):
+        return None
+    clean = {"clean", "benign", "0", "false", "no", "negative"}
+    y = np.array([str(r["label"]).strip().lower() not in clean for r in rows], dtype=int)
+    if len(set(y)) < 2:
+        return None
+    return auc(y, np.array([r["score"] for r in rows])), len(rows)
+
+
 # ----------------------------------------------------------------------------- generalization: `workbench detect eval`
 
-EVAL_SOURCES = ("generator", "agentdojo")
-
-
-def eval_records(sources=EVAL_SOURCES, n_pairs: int = 150, seed: int = 0) -> list[dict]:
-    """Matched pairs from each source, tagged with ``source``: the generator, and each AgentDojo suite apart
-    (``agentdojo:banking`` ...), so that leaving one source out leaves out a whole environment."""
-    from workbench.conditions import get_condition
-
-    unknown = [s for s in sources if s not in EVAL_SOURCES]
-    if unknown or not sources:
-        raise WorkbenchError(f"unknown source {(unknown or [''])[0]!r}: use {', '.join(EVAL_SOURCES)}")
-    records = []
-    if "generator" in sources:
-        records += [{**r, "source": "generator"} for r in get_condition("injection").prompts(None, n_pairs, seed=seed)]
-    if "agentdojo" in sources:
-        from workbench.conditions.agentdojo import agentdojo_records, suite_names
-
-        for suite in suite_names():
-            records += [{**r, "source": f"agentdojo:{suite}"}
-                        for r in agentdojo_records(suites=[suite], n_pairs=n_pairs, seed=seed)]
-    return records
+EVAL_SOURCES = SOURCES
 
 
 def run_detect_eval(model="smollm2-135m", sources=EVAL_SOURCES, n_pairs: int = 150, layers=None,
                     split: str = "source", max_tokens: int = 512, batch_size: int = 8, n_boot: int = 1000,
-                    dtype: str = "float32", train_on: Sequence[str] | None = None, seed: int = 0,
-                    progress: bool = True) -> dict:
+                    dtype: str = "float32", train_on: Sequence[str] | None = None, topology: bool = True,
+                    seed: int = 0, progress: bool = True) -> dict:
     """Leave-one-source-out (``split="source"``) or leave-one-family-out (``"family"``, generator only) AUCs of
     every detector and baseline; features cached in the user cache by everything they depend on. ``dtype``: the
     model's; detectors are trained and scored in one dtype, which the features' cache key and the results record
-    (on the 2-core CPU, TransformerLens's SmolLM2 forward ran 7x slower in bfloat16 than in float32)."""
+    (on the 2-core CPU, TransformerLens's SmolLM2 forward ran 7x slower in bfloat16 than in float32).
+    ``topology``: also the token-cloud barcode of every document (``TokenCloudBarcode`` with its defaults)."""
     from workbench.detect.evaluate import evaluate, summarize
     from workbench.detect.features import activation_features, text_features
-    from workbench.detect.views import model_identity
+    from workbench.detect.trained import model_identity
     from workbench.models import has_chat_template, load_model
     from workbench.paths import cache_dir
+    from workbench.topology.prompt_views import TokenCloudBarcode
 
     if split not in ("source", "family"):
         raise WorkbenchError(f"unknown split {split!r}: use source (leave one source out) or family")
     if split == "family":
         sources = ("generator",)
-    records = eval_records(sources, n_pairs, seed)
+    records = source_records(sources, n_pairs, seed)
     hooked = load_model(model, dtype=dtype) if isinstance(model, str) else model
     n = hooked.cfg.n_layers
     layers = sorted(set(layers)) if layers else sorted({n // 5, (2 * n) // 5, n // 2, (3 * n) // 5, (4 * n) // 5})
@@ -198,6 +159,7 @@ def run_detect_eval(model="smollm2-135m", sources=EVAL_SOURCES, n_pairs: int = 1
         mine = [r for r in records if r["source"] == source]
         per_source[source] = activation_features(hooked, mine, layers, max_tokens=max_tokens, batch_size=batch_size,
                                                  chat=has_chat_template(hooked), cache=cache_dir("detect-features"),
+                                                 topology=TokenCloudBarcode(seed=seed) if topology else None,
                                                  progress=progress)
     records = [r for source in per_source for r in records if r["source"] == source]
     acts = {view: np.concatenate([f[view] for f in per_source.values()]) for view in next(iter(per_source.values()))}

@@ -20,15 +20,20 @@ from workbench.detect.pipelines import Detector, feature_matrix
 from workbench.errors import WorkbenchError
 
 LAYER = "layer"  # placeholder in a block: the layer chosen on the training groups
-DETECTORS = {
-    "length (baseline)": [("text", "length")],
-    "keywords (baseline)": [("text", "keywords")],
-    "last-token probe": [("last", LAYER)],
-    "document span mean+max": [("doc_mean", LAYER), ("doc_max", LAYER)],
-    "TaskTracker delta": [("delta", LAYER)],
-    "delta + span mean + last": [("delta", LAYER), ("doc_mean", LAYER), ("last", LAYER)],
-}
 C_GRID = (0.01, 0.1, 1.0)
+# name -> (feature blocks, fixed settings). The reference-cloud view runs PH per row in every fit, so its C is
+# fixed (one fit per layer and fold instead of three).
+DETECTORS = {
+    "length (baseline)": ([("text", "length")], {}),
+    "keywords (baseline)": ([("text", "keywords")], {}),
+    "last-token probe": ([("last", LAYER)], {}),
+    "document span mean+max": ([("doc_mean", LAYER), ("doc_max", LAYER)], {}),
+    "TaskTracker delta": ([("delta", LAYER)], {}),
+    "delta + span mean + last": ([("delta", LAYER), ("doc_mean", LAYER), ("last", LAYER)], {}),
+    "token-cloud barcode": ([("doc_topology", LAYER)], {}),
+    "reference-cloud change": ([("last", LAYER)], {"reference": {"size": 48, "maxdim": 1}, "C_grid": (1.0,)}),
+    "barcode + span mean+max": ([("doc_topology", LAYER), ("doc_mean", LAYER), ("doc_max", LAYER)], {}),
+}
 FPR_FOR_THRESHOLD = 0.05
 
 
@@ -45,18 +50,21 @@ def _inner_folds(groups: np.ndarray, seed: int) -> list[tuple[np.ndarray, np.nda
     return [(part != k, part == k) for k in range(3)]
 
 
-def choose(template, acts, layers, text, y, groups, rows, seed: int = 0) -> dict:
-    """The layer and C with the best mean inner AUC on the (training) ``rows`` only; ``y`` and ``groups`` are theirs."""
+def choose(template, acts, layers, text, y, groups, rows, seed: int = 0, fixed: dict | None = None) -> dict:
+    """The layer and C with the best mean inner AUC on the (training) ``rows`` only; ``y`` and ``groups`` are theirs.
+    ``fixed``: settings every fit gets (``C_grid`` narrows the C searched)."""
+    fixed = dict(fixed or {})
+    grid = fixed.pop("C_grid", C_GRID)
     uses_layer = any(where == LAYER for _, where in template)
     best = None
     for layer in (layers if uses_layer else [None]):
         X = feature_matrix(_blocks(template, layer), acts, layers, text)[rows]
-        for C in C_GRID:
+        for C in grid:
             scores = []
             for fit_rows, val_rows in _inner_folds(groups, seed):
                 if len(set(y[fit_rows])) < 2 or len(set(y[val_rows])) < 2:
                     continue
-                det = Detector("inner", [], settings={"C": C}).fit(X[fit_rows], y[fit_rows])
+                det = Detector("inner", [], settings={**fixed, "C": C}).fit(X[fit_rows], y[fit_rows])
                 scores.append(metrics.auc(y[val_rows], det.predict_proba(X[val_rows])))
             mean = float(np.mean(scores)) if scores else -math.inf
             if best is None or mean > best["inner_auc"]:
@@ -81,19 +89,23 @@ def evaluate(acts: dict, text: dict, layers: list[int], labels: Sequence[int], g
     names = sorted(set(groups))
     if len(names) < 2:
         raise WorkbenchError(f"leave-one-out needs at least two groups, got {names}")
-    fixed = None if train_on is None else np.isin(groups, list(train_on))
-    if fixed is not None and (not fixed.any() or fixed.all()):
+    train_mask = None if train_on is None else np.isin(groups, list(train_on))
+    if train_mask is not None and (not train_mask.any() or train_mask.all()):
         raise WorkbenchError(f"train_on {list(train_on)} must name some of the groups {names}, not all of them")
-    held_out = [str(g) for g in names if fixed is None or g not in set(train_on)]
+    held_out = [str(g) for g in names if train_mask is None or g not in set(train_on)]
     rows = []
     for held in progress_bar(held_out, desc="held-out groups", unit="group", disable=not progress):
-        train, test = (groups != held if fixed is None else fixed), groups == held
+        train, test = (groups != held if train_mask is None else train_mask), groups == held
         if len(set(y[test])) < 2 or len(set(y[train])) < 2:
             raise WorkbenchError(f"group '{held}' (or the rest) holds one class only: every group needs both")
-        for name, template in detectors.items():
-            pick = choose(template, acts, layers, text, y[train], groups[train], train, seed)
+        for name, spec in detectors.items():
+            template, fixed = spec if isinstance(spec, tuple) else (spec, {})  # a bare block list: no settings
+            if any(view not in acts and view != "text" for view, _ in template):
+                continue  # a view that was not computed (e.g. no topology asked)
+            pick = choose(template, acts, layers, text, y[train], groups[train], train, seed, fixed)
             X = feature_matrix(_blocks(template, pick["layer"]), acts, layers, text)
-            det = Detector(name, _blocks(template, pick["layer"]), settings={"C": pick["C"]}).fit(X[train], y[train])
+            settings = {**{k: v for k, v in fixed.items() if k != "C_grid"}, "C": pick["C"]}
+            det = Detector(name, _blocks(template, pick["layer"]), settings=settings).fit(X[train], y[train])
             s_train, s = det.predict_proba(X[train]), det.predict_proba(X[test])
             threshold = metrics.threshold_at_fpr(s_train[(y[train] == 0)], FPR_FOR_THRESHOLD)
             a, lo, hi = metrics.auc_ci(y[test], s, n_boot=n_boot, seed=seed)

@@ -4,11 +4,13 @@ One forward pass per batch reads every asked layer's residual stream and pools i
 token-level store is written: ``last`` (the last token, where the model answers from), ``doc_mean`` and
 ``doc_max`` (over the document's own tokens), and, with ``delta``, TaskTracker's activation delta: the
 last-token activation of the whole prompt minus that of the same prompt with the document removed (the
-task alone), which asks "did reading the document change what the model is about to do?".
+task alone), which asks "did reading the document change what the model is about to do?"; and, with
+``topology``, ``doc_topology``: the ``TokenCloudBarcode`` of the document's token cloud at each layer (the
+clouds exist only during the pass; their size-invariant barcode features are what is kept).
 
 The document is the record's ``span``; a record without one (a user's plain text) gets the heuristic
 ``document_span``: everything after the first blank line, else the whole text. Arrays are float32,
-``[n_prompts, n_layers, d_model]`` per view; they are cached by everything they depend on (the model's
+``[n_prompts, n_layers, width]`` per view (width d_model, or the barcode's feature count); they are cached by everything they depend on (the model's
 weights and dtype, the prompts, layers, settings and ``FEATURES_VERSION``).
 """
 
@@ -23,8 +25,8 @@ import numpy as np
 
 from workbench.errors import WorkbenchError
 
-FEATURES_VERSION = 1
-ACTIVATION_VIEWS = ("last", "doc_mean", "doc_max", "delta")
+FEATURES_VERSION = 2
+ACTIVATION_VIEWS = ("last", "doc_mean", "doc_max", "delta", "doc_topology")
 # Words that instructions to a model tend to use: the keyword baseline (a detector must beat it).
 KEYWORDS = ("ignore", "instruction", "instructions", "system", "assistant", "important", "override", "disregard",
             "previous", "prompt", "must", "now", "immediately", "do not", "forget", "instead", "admin", "urgent")
@@ -58,35 +60,38 @@ def text_features(records: list[dict]) -> dict[str, np.ndarray]:
 
 
 def features_key(model_identity: dict, records: list[dict], layers: list[int], max_tokens: int, delta: bool,
-                 chat: bool) -> str:
+                 chat: bool, topology=None) -> str:
     from workbench.capture import prompts_sha256
 
     blob = [FEATURES_VERSION, model_identity, prompts_sha256(records), [document_span(r) for r in records],
-            list(layers), max_tokens, delta, chat]
+            list(layers), max_tokens, delta, chat, None if topology is None else topology.get_params()]
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def activation_features(model, records: list[dict], layers: list[int], *, max_tokens: int = 512,
-                        batch_size: int = 8, delta: bool = True, chat: bool = True, cache: str | Path | None = None,
-                        progress: bool = True) -> dict[str, np.ndarray]:
-    """``{view: float32[n, len(layers), d_model]}`` for ``records`` (raw user turns; wrapped in the chat template
-    when ``chat`` and the model has one), cached under ``cache`` when given."""
-    from workbench.detect.views import model_identity
+                        batch_size: int = 8, delta: bool = True, chat: bool = True, topology=None,
+                        cache: str | Path | None = None, progress: bool = True) -> dict[str, np.ndarray]:
+    """``{view: float32[n, len(layers), width]}`` for ``records`` (raw user turns; wrapped in the chat template
+    when ``chat`` and the model has one), cached under ``cache`` when given. ``topology``: a ``TokenCloudBarcode``
+    for the ``doc_topology`` view (None: no PH)."""
+    from workbench.detect.trained import model_identity
 
     layers = [int(L) for L in layers]
     bad = [L for L in layers if not 0 <= L < model.cfg.n_layers]
     if bad or not layers:
         raise WorkbenchError(f"layers {bad or layers} out of range: {model.cfg.model_name} has layers "
                              f"0..{model.cfg.n_layers - 1}")
-    key = features_key(model_identity(model), records, layers, max_tokens, delta, chat)
+    if topology is not None:
+        topology.fit()  # validates its parameters before any forward pass
+    key = features_key(model_identity(model), records, layers, max_tokens, delta, chat, topology)
     file = Path(cache) / f"features-{key}.npz" if cache is not None else None
     if file is not None and file.exists():
         with np.load(file) as held:
             return {k: held[k] for k in held.files}
-    out = _pooled(model, records, layers, max_tokens, batch_size, chat, progress, with_doc=True)
+    out = _pooled(model, records, layers, max_tokens, batch_size, chat, progress, with_doc=True, topology=topology)
     if delta:
         alone = _pooled(model, [task_alone(r) for r in records], layers, max_tokens, batch_size, chat, progress,
-                        with_doc=False)
+                        with_doc=False, topology=None)
         out["delta"] = out["last"] - alone["last"]
     if file is not None:
         from workbench.io import write_atomic
@@ -100,7 +105,8 @@ def activation_features(model, records: list[dict], layers: list[int], *, max_to
     return out
 
 
-def _pooled(model, records, layers, max_tokens, batch_size, chat, progress, with_doc: bool) -> dict[str, np.ndarray]:
+def _pooled(model, records, layers, max_tokens, batch_size, chat, progress, with_doc: bool,
+            topology=None) -> dict[str, np.ndarray]:
     import torch
 
     from workbench.capture import StopForward, forward_until_stopped, pad_batch, span_masks, tokenize
@@ -115,6 +121,9 @@ def _pooled(model, records, layers, max_tokens, batch_size, chat, progress, with
     deepest = f"blocks.{max(layers)}.hook_resid_post"  # the forward stops once it has fired
     views = ("last", "doc_mean", "doc_max") if with_doc else ("last",)
     out = {v: np.zeros((len(records), len(layers), model.cfg.d_model), dtype=np.float32) for v in views}
+    clouds = topology is not None and with_doc
+    if clouds:
+        out["doc_topology"] = np.zeros((len(records), len(layers), topology.n_features_out_), dtype=np.float32)
     order = np.argsort([len(i) for i in ids])  # similar lengths together: less padding
     bar = progress_bar(total=len(records), desc="features", unit="prompt", disable=not progress, leave=False)
     for start in range(0, len(order), batch_size):
@@ -133,6 +142,8 @@ def _pooled(model, records, layers, max_tokens, batch_size, chat, progress, with
             if doc is not None:
                 got[hook.name + ":doc_mean"] = (a * doc[..., None]).sum(1) / doc.sum(1, keepdim=True)
                 got[hook.name + ":doc_max"] = a.masked_fill(doc[..., None] == 0, float("-inf")).amax(1)
+                if clouds:
+                    got[hook.name + ":clouds"] = [a[i][doc[i] > 0].cpu().numpy() for i in range(len(a))]
             if hook.name == deepest:
                 raise StopForward
 
@@ -141,6 +152,8 @@ def _pooled(model, records, layers, max_tokens, batch_size, chat, progress, with
         for i, site in enumerate(sites):
             for v in views:
                 out[v][rows, i] = got[f"{site}:{v}"].cpu().numpy()
+            if clouds:
+                out["doc_topology"][rows, i] = topology.transform(got[f"{site}:clouds"])
         bar.update(len(rows))
     bar.close()
     return out

@@ -1,8 +1,8 @@
 """Detectors as scikit-learn pipelines over feature arrays, saved as plain JSON (no pickle: loading runs no code).
 
 A ``Detector`` names the feature blocks it reads (``("delta", 15)``: the delta view at layer 15;
-``("text", "length")``: a text-only baseline) and holds a fitted ``Pipeline`` (standardize, optional PCA,
-logistic regression). ``to_dict`` writes each step's ``get_params`` and its fitted attributes as lists;
+``("text", "length")``: a text-only baseline) and holds a fitted ``Pipeline`` (an optional topological
+``ReferenceCloudDelta``, standardize, optional PCA, logistic regression). ``to_dict`` writes each step's ``get_params`` and its fitted attributes as lists;
 ``from_dict`` rebuilds only the classes on the allow-list below.
 """
 
@@ -20,6 +20,7 @@ _FITTED = {  # the fitted attributes that make each allowed step usable after lo
     "PCA": ("components_", "mean_", "explained_variance_", "explained_variance_ratio_", "singular_values_",
             "n_components_", "n_features_in_", "n_samples_", "noise_variance_"),
     "LogisticRegression": ("coef_", "intercept_", "classes_", "n_features_in_", "n_iter_"),
+    "ReferenceCloudDelta": ("reference_", "base_", "n_features_in_"),
 }
 
 
@@ -28,15 +29,20 @@ def _classes():
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
 
-    return {"StandardScaler": StandardScaler, "PCA": PCA, "LogisticRegression": LogisticRegression}
+    from workbench.topology.prompt_views import ReferenceCloudDelta
+
+    return {"StandardScaler": StandardScaler, "PCA": PCA, "LogisticRegression": LogisticRegression,
+            "ReferenceCloudDelta": ReferenceCloudDelta}
 
 
-def make_pipeline(C: float = 1.0, pca: int | None = None, seed: int = 0):
-    """Standardize, optionally project on ``pca`` principal components, then a logistic regression."""
+def make_pipeline(C: float = 1.0, pca: int | None = None, seed: int = 0, reference: dict | None = None):
+    """Optionally the change each row makes to a clean reference cloud's barcode (``reference``: its parameters),
+    then standardize, optionally project on ``pca`` principal components, then a logistic regression."""
     from sklearn.pipeline import Pipeline
 
     classes = _classes()
-    steps = [("scale", classes["StandardScaler"]())]
+    steps = [("reference", classes["ReferenceCloudDelta"](**reference))] if reference is not None else []
+    steps.append(("scale", classes["StandardScaler"]()))
     if pca:
         steps.append(("pca", classes["PCA"](n_components=pca, random_state=seed)))
     steps.append(("clf", classes["LogisticRegression"](C=C, max_iter=5000)))
@@ -66,7 +72,8 @@ class Detector:
     settings: dict = field(default_factory=dict)  # C, pca, chosen layer: what was selected and how
 
     def fit(self, X: np.ndarray, y: np.ndarray) -> Detector:
-        self.pipeline = make_pipeline(self.settings.get("C", 1.0), self.settings.get("pca")).fit(X, y)
+        self.pipeline = make_pipeline(self.settings.get("C", 1.0), self.settings.get("pca"),
+                                      reference=self.settings.get("reference")).fit(X, y)
         return self
 
     def predict_proba(self, X: np.ndarray) -> np.ndarray:

@@ -218,34 +218,16 @@ def probe_reward(model, site: str, direction, chat: bool = False, positions: str
     return reward
 
 
-def detector_reward(model, detector: dict, work, view: str = "probe") -> Reward:
-    """Reward = injection probability of prompt + sample under a trained detector (``detect.score_prompts``).
+def detector_reward(model, detector: dict) -> Reward:
+    """Reward = injection probability of prompt + sample under a trained detector (``detect.score_prompts``):
+    one pooled forward per sample, nothing written. Negate it (``lambda p, s: -r(p, s)``) to select samples that
+    look least like an injection."""
+    from workbench.detect import check_detector, score_prompts
 
-    Negate it (``lambda p, s: -r(p, s)``) to select samples that look least like an injection.
-    """
-    from workbench.detect import VIEWS, score_prompts
+    check_detector(model, detector)
 
-    if view not in VIEWS:
-        raise WorkbenchError(f"view={view!r}: choose one of {', '.join(VIEWS)}.")
-
-    if view == "probe":  # the last-token probe needs one pooled forward: nothing written per sample
-        import numpy as np
-
-        from workbench.detect import check_detector, score_logistic
-        from workbench.detect.features import activation_features
-
-        check_detector(model, detector)
-
-        def probe(prompt: str, sample: str) -> float:
-            last = activation_features(model, [{"text": prompt + sample}], [detector["layer"]], delta=False,
-                                       chat=False, progress=False)["last"][:, 0]
-            return float(score_logistic(detector["views"]["probe"]["params"], last.astype(np.float64))[0])
-
-        return probe
-
-    def reward(prompt: str, sample: str) -> float:  # the topological views read a token-cloud store
-        row = score_prompts(model, detector, [{"text": prompt + sample}], work, progress=False)[0]
-        return row[f"score_{view}"]
+    def reward(prompt: str, sample: str) -> float:
+        return float(score_prompts(model, detector, [{"text": prompt + sample}], chat=False, progress=False)[0])
 
     return reward
 

@@ -1,0 +1,230 @@
+"""The deployed injection detector: chosen by leave-one-source-out on its training sources, fitted once, plain JSON.
+
+Training draws matched clean/injected pairs from every source (the generator, each AgentDojo suite), computes
+the per-prompt features of ``features`` at the candidate layers, and lets the inner leave-one-source-out of
+``evaluate.choose`` pick the layer and C of each candidate detector; with ``detector="auto"`` the candidate with
+the best inner AUC wins. The pipeline is refitted on every training row, and its threshold is the score that
+flags 5% of the training clean rows. The result is one JSON object (the pipeline as ``Detector.to_dict``, the
+model it belongs to, the settings its features need), so loading it runs no code.
+
+The detector reads the document the way a user's prompt file gives it: the heuristic ``document_span``
+(everything after the first blank line), never a span only the generator knows, so training and scoring see
+the same thing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from workbench.errors import WorkbenchError
+
+FORMAT = 2
+MIN_PAIRS = 14  # every source needs both classes in every inner fold
+SOURCES = ("generator", "agentdojo")
+# What ``detector="auto"`` chooses among: the activation and topological detectors (baselines and the
+# reference-cloud view, which runs PH per row in every fit, stay in `workbench detect eval`).
+AUTO = ("last-token probe", "document span mean+max", "TaskTracker delta", "delta + span mean + last",
+        "token-cloud barcode", "barcode + span mean+max")
+REQUIRED = ("format", "config", "model", "weights_sha256", "d_model", "layer", "pipeline", "threshold")
+
+
+def _int(value, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+@dataclass
+class DetectorConfig:
+    """How a detector is trained; built, it is valid, so a bad value is refused before anything runs."""
+
+    model: str = "smollm2-135m"
+    detector: str = "auto"  # a name of evaluate.DETECTORS, or auto: the best of AUTO by inner leave-one-source-out
+    layer: int | None = None  # None: chosen among ``layers`` on the training sources
+    layers: list[int] | None = None  # candidates (None: DEFAULT_LAYERS of the model)
+    sources: list[str] = field(default_factory=lambda: list(SOURCES))
+    n_pairs: int = 100  # matched pairs per source (per AgentDojo suite)
+    max_tokens: int = 512
+    seed: int = 0
+
+    def __post_init__(self):
+        from workbench.detect.evaluate import DETECTORS
+
+        if not _int(self.n_pairs, MIN_PAIRS):
+            raise WorkbenchError(f"--pairs must be an integer >= {MIN_PAIRS} (every source needs both classes in "
+                                 f"every fold), got {self.n_pairs!r}")
+        if self.layer is not None and not _int(self.layer, -10**6):
+            raise WorkbenchError(f"--layer must be an integer, got {self.layer!r}")
+        if self.layers is not None and (not self.layers or not all(_int(v, 0) for v in self.layers)):
+            raise WorkbenchError(f"layers must be a non-empty list of integers >= 0, got {self.layers!r}")
+        for name, low in (("max_tokens", 8), ("seed", 0)):
+            if not _int(getattr(self, name), low):
+                raise WorkbenchError(f"{name} must be an integer >= {low}, got {getattr(self, name)!r}")
+        if self.detector != "auto" and self.detector not in DETECTORS:
+            raise WorkbenchError(f"unknown detector {self.detector!r}: use auto or one of {', '.join(DETECTORS)}")
+        bad = [s for s in self.sources if s not in SOURCES]
+        if bad or not self.sources:
+            raise WorkbenchError(f"unknown source {(bad or [''])[0]!r}: use {', '.join(SOURCES)}")
+        self.sources = list(self.sources)
+
+
+def default_layers(model) -> list[int]:
+    """Candidate layers: the first third of the depth, where the forward is cheap and (measured on SmolLM2, see
+    studies/injection_detection) the document's features transfer across sources as well as deeper ones."""
+    n = model.cfg.n_layers
+    return sorted({max(1, n // 15), max(1, n // 7), max(1, n // 5)} & set(range(n)))
+
+
+def model_identity(model) -> dict:
+    """What a detector (and its cached features) depends on in the model: name, weights, dtype, width."""
+    info = getattr(model, "workbench", {}) or {}
+    return {"model": info.get("name", model.cfg.model_name), "weights_sha256": info.get("weights_sha256"),
+            "model_dtype": info.get("dtype", str(model.cfg.dtype)), "d_model": int(model.cfg.d_model)}
+
+
+def content_key(*parts) -> str:
+    """A short hash of JSON-able parts: what names a cache entry after every input of its content."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def resolve_layer(model, layer: int | None) -> int | None:
+    """``layer`` (negative counts from the end) as an index of this model, or a one-line error; None stays None."""
+    if layer is None:
+        return None
+    n = model.cfg.n_layers
+    if not -n <= layer < n:
+        raise WorkbenchError(f"layer {layer} is out of range: {model.cfg.model_name} has layers 0..{n - 1}")
+    return layer % n
+
+
+def source_records(sources=SOURCES, n_pairs: int = 100, seed: int = 0) -> list[dict]:
+    """Matched pairs from each source, tagged with ``source``: the generator, and each AgentDojo suite apart
+    (``agentdojo:banking`` ...), so that leaving one source out leaves out a whole environment."""
+    from workbench.conditions import get_condition
+
+    unknown = [s for s in sources if s not in SOURCES]
+    if unknown or not sources:
+        raise WorkbenchError(f"unknown source {(unknown or [''])[0]!r}: use {', '.join(SOURCES)}")
+    records = []
+    if "generator" in sources:
+        records += [{**r, "source": "generator"} for r in get_condition("injection").prompts(None, n_pairs, seed=seed)]
+    if "agentdojo" in sources:
+        from workbench.conditions.agentdojo import agentdojo_records, suite_names
+
+        for suite in suite_names():
+            records += [{**r, "source": f"agentdojo:{suite}"}
+                        for r in agentdojo_records(suites=[suite], n_pairs=n_pairs, seed=seed)]
+    return records
+
+
+def _views_of(blocks) -> set[str]:
+    return {view for view, _ in blocks}
+
+
+def features_for(model, records, layers, views: set[str], max_tokens: int, chat: bool, seed: int, cache=None,
+                 progress: bool = True) -> dict[str, np.ndarray]:
+    """The pooled features a detector reads (the delta pass and the barcodes only when its views need them)."""
+    from workbench.detect.features import activation_features
+    from workbench.topology.prompt_views import TokenCloudBarcode
+
+    return activation_features(model, records, layers, max_tokens=max_tokens, delta="delta" in views, chat=chat,
+                               topology=TokenCloudBarcode(seed=seed) if "doc_topology" in views else None,
+                               cache=cache, progress=progress)
+
+
+def fit_detector(model, config: DetectorConfig, cache=None, progress: bool = True) -> dict:
+    """Choose (detector, layer, C) by inner leave-one-source-out, refit on every row; the detector as a dict."""
+    from workbench.detect import metrics
+    from workbench.detect.evaluate import DETECTORS, FPR_FOR_THRESHOLD, _blocks, choose
+    from workbench.detect.features import text_features
+    from workbench.detect.pipelines import Detector, feature_matrix
+    from workbench.models import has_chat_template
+
+    layer = resolve_layer(model, config.layer)
+    layers = [layer] if layer is not None else sorted({resolve_layer(model, v) for v in config.layers}) \
+        if config.layers else default_layers(model)
+    names = AUTO if config.detector == "auto" else (config.detector,)
+    records = [{k: v for k, v in r.items() if k != "span"}  # the heuristic span, as a user's file gets
+               for r in source_records(config.sources, config.n_pairs, config.seed)]
+    y = np.array([r["label"] != "clean" for r in records], dtype=int)
+    groups = np.array([r["source"] for r in records])
+    if len(set(y)) < 2:
+        raise WorkbenchError("the training prompts hold one class only: a detector needs clean and injected ones")
+    chat = bool(has_chat_template(model))
+    views = set().union(*(_views_of(DETECTORS[n][0]) for n in names))
+    acts = features_for(model, records, layers, views, config.max_tokens, chat, config.seed, cache, progress)
+    text = text_features(records)
+    every = np.ones(len(y), bool)
+    picks = {name: choose(DETECTORS[name][0], acts, layers, text, y, groups, every, config.seed, DETECTORS[name][1])
+             for name in names}
+    name = max(picks, key=lambda n: picks[n]["inner_auc"])
+    template, fixed = DETECTORS[name]
+    pick = picks[name]
+    blocks = _blocks(template, pick["layer"])
+    settings = {**{k: v for k, v in fixed.items() if k != "C_grid"}, "C": pick["C"]}
+    X = feature_matrix(blocks, acts, layers, text)
+    det = Detector(name, blocks, settings=settings).fit(X, y)
+    s = det.predict_proba(X)
+    threshold = metrics.threshold_at_fpr(s[y == 0], FPR_FOR_THRESHOLD)
+    return {"format": FORMAT, "config": asdict(config), **model_identity(model), "chat": chat,
+            "layer": pick["layer"], "views": sorted(_views_of(blocks)), "pipeline": det.to_dict(),
+            "threshold": float(threshold), "fpr_for_threshold": FPR_FOR_THRESHOLD,
+            "choice": {n: {"layer": p["layer"], "C": p["C"], "inner_auc": p["inner_auc"]} for n, p in picks.items()},
+            "inner_auc": pick["inner_auc"], "train_auc": metrics.auc(y, s), "n_train": len(y),
+            "sources": sorted(set(groups))}
+
+
+def check_detector(model, detector: dict, layer: int | None = None) -> None:
+    """The detector was trained on this model (name, weights, width) and, when asked, at this ``layer``."""
+    have = model_identity(model)
+    if detector["layer"] is None and layer is None:  # a text-only baseline reads no layer
+        detector = {**detector, "layer": 0}
+    asked = detector["layer"] if layer is None else resolve_layer(model, layer)
+    same = all(detector.get(k) == have[k] for k in ("model", "weights_sha256", "d_model")) and detector["layer"] == asked
+    if not same:
+        weights = "" if detector.get("model") != have["model"] or detector.get("weights_sha256") == have[
+            "weights_sha256"] else f" with weights {str(detector.get('weights_sha256'))[:12]}"
+        raise WorkbenchError(
+            f"detector was trained on {detector.get('model')}{weights} layer {detector['layer']} "
+            f"(d={detector.get('d_model')}), this is {have['model']} layer {asked} (d={have['d_model']}): "
+            "retrain with --train or pass --detector-dir of a detector trained on it")
+    if not _int(asked, 0) or asked >= model.cfg.n_layers:
+        raise WorkbenchError(f"the detector's layer {asked!r} is not a layer of {have['model']} "
+                             f"(0..{model.cfg.n_layers - 1}): retrain with --train")
+
+
+def score_prompts(model, detector: dict, records: list[dict], cache=None, chat: bool | None = None,
+                  progress: bool = True) -> np.ndarray:
+    """P(injected) per record under a trained detector (features cached under ``cache`` when given).
+
+    ``chat``: wrap in the chat template as in training (None: as the detector was trained)."""
+    from workbench.capture import normalize_prompts
+    from workbench.detect.features import text_features
+    from workbench.detect.pipelines import Detector, feature_matrix
+
+    check_detector(model, detector)
+    det = Detector.from_dict(detector["pipeline"])
+    records = [{k: v for k, v in r.items() if k != "span"} for r in normalize_prompts(records)]
+    config = detector["config"]
+    chat = detector.get("chat", True) if chat is None else chat
+    layer = detector["layer"] or 0
+    views = set(detector["views"]) - {"text"}
+    acts = features_for(model, records, [layer], views, config["max_tokens"], chat, config["seed"], cache,
+                        progress) if views else {}
+    p = det.predict_proba(feature_matrix(det.blocks, acts, [layer], text_features(records)))
+    if not np.isfinite(p).all():
+        raise WorkbenchError("the detector gave a non-finite score: the model's activations overflowed "
+                             "(score in float32)")
+    return p
+
+
+def summary_line(detector: dict) -> str:
+    """One line that says what was trained and how well it did on sources it had not seen."""
+    auc = detector["inner_auc"]
+    held = "n/a" if auc is None or (isinstance(auc, float) and math.isnan(auc)) else f"{auc:.3f}"
+    return (f"{detector['pipeline']['name']} at layer {detector['layer']} (C={detector['pipeline']['settings']['C']}), "
+            f"{detector['n_train']} prompts from {', '.join(detector['sources'])}; "
+            f"leave-one-source-out AUC {held}, threshold {detector['threshold']:.3f} (5% of training clean rows flagged)")
