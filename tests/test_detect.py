@@ -2,6 +2,7 @@
 topological views as scikit-learn transformers."""
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -68,12 +69,21 @@ def test_cli_scores_and_reports_the_auc_of_a_labelled_file(tmp_path, detector):
     assert [r["label"] for r in rows] == ["injected", "clean"] and "text" not in rows[0]
     assert all(r["flagged"] == (r["score"] > det["threshold"]) for r in rows)
     assert "AUC against the file's labels" in result.output
+    long = {"text": RECORDS[0]["text"] + "\n\n" + "the quarterly numbers are attached. " * 40, "label": "clean"}
+    prompts.write_text(json.dumps(long) + "\n")  # longer than the context, and one class
+    result = CliRunner().invoke(app, ["detect", "--model", "tiny", "--prompts", str(prompts),
+                                      "--detector-dir", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "1 prompts were longer than 96 tokens" in result.output and "no AUC: every label" in result.output
+    assert json.loads((tmp_path / "p.scores.jsonl").read_text())["truncated"] is True
 
 
 def test_labelled_auc_reads_common_labels():
     rows = [{"label": lab, "score": s} for lab, s in (("clean", 0.1), ("injected", 0.9), (0, 0.2), (1, 0.3))]
     assert labelled_auc(rows) == (1.0, 4)
-    assert labelled_auc([{"score": 0.1}]) is None and labelled_auc([{"label": "clean", "score": 0.1}]) is None
+    assert labelled_auc([{"score": 0.1}]) is None
+    auc, n = labelled_auc([{"label": "clean", "score": 0.1}, {"label": 0, "score": 0.4}])
+    assert math.isnan(auc) and n == 2  # one class: no AUC, said so
 
 
 def test_detector_reward_scores_like_the_detector_and_writes_nothing(tiny, detector, tmp_path, monkeypatch):

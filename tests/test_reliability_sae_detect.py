@@ -384,7 +384,8 @@ def test_detect_refuses_bad_options(cache, detectors, prompts, tmp_path, args, e
 
 
 @pytest.mark.parametrize("content,expect", [("not json\n", "not valid JSON"), ('{"label": 1}\n', "'text'"),
-                                            ("", "holds no prompts")])
+                                            ("", "holds no prompts"), ('[{"text": "a"}]\n', "is a JSON array"),
+                                            ("text,label\nhello,clean\n", "not valid JSON")])
 def test_detect_refuses_a_bad_prompt_file(cache, detectors, tmp_path, content, expect):
     file = tmp_path / "bad.jsonl"
     file.write_text(content)

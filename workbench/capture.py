@@ -130,6 +130,8 @@ def read_prompt_file(path: str | Path) -> list[dict]:
         except (json.JSONDecodeError, RecursionError) as exc:
             msg = getattr(exc, "msg", "nested too deeply")
             raise WorkbenchError(f"{path}:{number} is not valid JSON ({msg}): one JSON object per line") from None
+        if isinstance(record, list):
+            raise WorkbenchError(f"{path}:{number} is a JSON array: write one JSON object per line (JSONL)")
         if not isinstance(record, dict):
             raise WorkbenchError(f"{path}:{number} has no 'text' string field: every line needs one")
         _check_record(record, f"{path}:{number}")

@@ -258,8 +258,14 @@ def detect(
     rows = score_file(hooked, trained_detector, records, out, chat=chat)
     flagged = sum(r["flagged"] for r in rows)
     typer.echo(f"scored {len(rows)} prompts ({flagged} flagged) -> {out}")
+    cut = sum(r["truncated"] for r in rows)
+    if cut:
+        typer.echo(f"{cut} prompts were longer than {trained_detector['config']['max_tokens']} tokens: each was "
+                   "scored on its last tokens, as the detector was trained ('truncated' in the scores)")
     got = labelled_auc(rows)
-    if got is not None:
+    if got is not None and got[0] != got[0]:
+        typer.echo(f"no AUC: every label in the file is of one class ({got[1]} prompts); an AUC needs both")
+    elif got is not None:
         typer.echo(f"AUC against the file's labels: {got[0]:.3f} ({got[1]} prompts)")
 
 

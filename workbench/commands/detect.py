@@ -7,6 +7,7 @@ and the scores file.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from workbench.detect.trained import (
     REQUIRED,
     SOURCES,
     DetectorConfig,
+    as_user_file,
     check_detector,
     fit_detector,
     score_prompts,
@@ -99,21 +101,26 @@ def trained_or_loaded(model, config: DetectorConfig, folder: Path, train: bool =
 
 
 def score_file(model, detector: dict, records: list[dict], out: Path, chat: bool = True) -> list[dict]:
-    """Score ``records`` into ``out`` (JSONL: each record without its text, plus ``score`` and ``flagged``);
+    """Score ``records`` into ``out`` (JSONL: each record without its text, plus ``score``, ``flagged`` and
+    ``truncated``: longer than the detector's ``max_tokens``, so scored on its last tokens, as in training);
     ``chat=False`` feeds raw text to a detector trained on chat-wrapped prompts."""
+    from workbench.capture import normalize_prompts
+    from workbench.detect.features import shown_tokens
     from workbench.io import write_jsonl
     from workbench.paths import cache_dir
 
-    scores = score_prompts(model, detector, records, cache=cache_dir("detect-work"),
-                           chat=None if chat else False)
-    rows = [{**{k: v for k, v in r.items() if k != "text"}, "score": float(p), "flagged": bool(p > detector["threshold"])}
-            for r, p in zip(records, scores, strict=True)]
+    wrap = detector.get("chat", True) and chat
+    scores = score_prompts(model, detector, records, cache=cache_dir("detect-work"), chat=wrap)
+    cut = set(shown_tokens(model, as_user_file(normalize_prompts(records)), detector["config"]["max_tokens"], wrap)[3])
+    rows = [{**{k: v for k, v in r.items() if k != "text"}, "score": float(p), "flagged": bool(p > detector["threshold"]),
+             "truncated": i in cut} for i, (r, p) in enumerate(zip(records, scores, strict=True))]
     write_jsonl(rows, out)
     return rows
 
 
 def labelled_auc(rows: list[dict]) -> tuple[float, int] | None:
-    """AUC of the scores against the records' labels, when every record has one of two (clean: 0, 1, false)."""
+    """AUC of the scores against the records' labels, when every record has one (clean: 0, false, ...); NaN
+    when the labels are all of one class."""
     from workbench.detect.metrics import auc
 
     if not rows or any("label" not in r for r in rows):
@@ -121,7 +128,7 @@ def labelled_auc(rows: list[dict]) -> tuple[float, int] | None:
     clean = {"clean", "benign", "0", "false", "no", "negative"}
     y = np.array([str(r["label"]).strip().lower() not in clean for r in rows], dtype=int)
     if len(set(y)) < 2:
-        return None
+        return math.nan, len(rows)
     return auc(y, np.array([r["score"] for r in rows])), len(rows)
 
 

@@ -105,18 +105,27 @@ def activation_features(model, records: list[dict], layers: list[int], *, max_to
     return out
 
 
-def _pooled(model, records, layers, max_tokens, batch_size, chat, progress, with_doc: bool,
-            topology=None) -> dict[str, np.ndarray]:
-    import torch
-
-    from workbench.capture import StopForward, forward_until_stopped, pad_batch, span_masks, tokenize
+def shown_tokens(model, records: list[dict], max_tokens: int, chat: bool):
+    """What the model reads of each record: (chat-wrapped records with their document span, token ids, character
+    offsets, indices of the records left-truncated to ``max_tokens`` or to the model's context, if shorter)."""
+    from workbench.capture import tokenize
     from workbench.models import chat_records
-    from workbench.progress import progress_bar
 
     spans = [document_span(r) for r in records]
     shown = chat_records(model, [{"text": r["text"], "span": list(s)} for r, s in zip(records, spans, strict=True)],
                          chat)
-    ids, offsets, _ = tokenize(model, [r["text"] for r in shown], max_tokens, warn=False)
+    ids, offsets, truncated = tokenize(model, [r["text"] for r in shown], min(max_tokens, model.cfg.n_ctx), warn=False)
+    return shown, ids, offsets, truncated
+
+
+def _pooled(model, records, layers, max_tokens, batch_size, chat, progress, with_doc: bool,
+            topology=None) -> dict[str, np.ndarray]:
+    import torch
+
+    from workbench.capture import StopForward, forward_until_stopped, pad_batch, span_masks
+    from workbench.progress import progress_bar
+
+    shown, ids, offsets, _ = shown_tokens(model, records, max_tokens, chat)
     sites = [f"blocks.{L}.hook_resid_post" for L in layers]
     deepest = f"blocks.{max(layers)}.hook_resid_post"  # the forward stops once it has fired
     views = ("last", "doc_mean", "doc_max") if with_doc else ("last",)

@@ -120,6 +120,12 @@ def source_records(sources=SOURCES, n_pairs: int = 100, seed: int = 0) -> list[d
     return records
 
 
+def as_user_file(records: list[dict]) -> list[dict]:
+    """Records without a known document span: the detector finds the document by the heuristic
+    ``document_span``, in training as in a user's file, so both see the same thing."""
+    return [{k: v for k, v in r.items() if k != "span"} for r in records]
+
+
 def _views_of(blocks) -> set[str]:
     return {view for view, _ in blocks}
 
@@ -147,8 +153,7 @@ def fit_detector(model, config: DetectorConfig, cache=None, progress: bool = Tru
     layers = [layer] if layer is not None else sorted({resolve_layer(model, v) for v in config.layers}) \
         if config.layers else default_layers(model)
     names = AUTO if config.detector == "auto" else (config.detector,)
-    records = [{k: v for k, v in r.items() if k != "span"}  # the heuristic span, as a user's file gets
-               for r in source_records(config.sources, config.n_pairs, config.seed)]
+    records = as_user_file(source_records(config.sources, config.n_pairs, config.seed))
     y = np.array([r["label"] != "clean" for r in records], dtype=int)
     groups = np.array([r["source"] for r in records])
     if len(set(y)) < 2:
@@ -207,7 +212,7 @@ def score_prompts(model, detector: dict, records: list[dict], cache=None, chat: 
 
     check_detector(model, detector)
     det = Detector.from_dict(detector["pipeline"])
-    records = [{k: v for k, v in r.items() if k != "span"} for r in normalize_prompts(records)]
+    records = as_user_file(normalize_prompts(records))
     config = detector["config"]
     chat = detector.get("chat", True) if chat is None else chat
     layer = detector["layer"] or 0
