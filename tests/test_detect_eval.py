@@ -75,6 +75,10 @@ def test_leave_one_group_out_finds_the_signal_and_its_layer_not_the_length_cue()
     assert all(r["layer"] == 4 and r["auc"] > 0.9 and r["length_matched_auc"] > 0.85 for r in probe)
     summary = {s["detector"]: s for s in summarize(rows)}
     assert summary["length"]["min_auc"] < 0.5 < summary["probe"]["min_auc"]  # length reverses on g0
+    # the per-layer diagnostic: the chosen layer's AUC is the row's, the uninformative layer is near chance
+    assert all(r["auc_at_layer"]["4"] == r["auc"] and r["auc_at_layer"]["1"] < 0.75 for r in probe)
+    assert summary["probe"]["mean_auc_at_layer"]["1"] < 0.75 < summary["probe"]["mean_auc_at_layer"]["4"]
+    assert summary["length"]["mean_auc_at_layer"] == {}  # a text baseline reads no layer
 
 
 def test_evaluate_refuses_a_group_with_one_class():
@@ -118,6 +122,9 @@ def test_detect_eval_command_writes_its_tables(tmp_path, monkeypatch):
     assert {r["held_out"] for r in saved["rows"]} == {f"agentdojo:{s}" for s in ("banking", "slack", "travel",
                                                                                  "workspace")}
     assert saved["versions"]["torch"] and (tmp_path / "r" / "results.md").read_text().count("|") > 20
+    code, out, err = run_cli(["detect", "eval", "--model", "tiny", "--detectors", "last-token probe,nope",
+                              "--out", tmp_path / "refused"])
+    assert code != 0 and "unknown detector 'nope'" in err and not (tmp_path / "refused").exists()
     assert (tmp_path / "r" / "figure.png").stat().st_size > 10_000
 
 

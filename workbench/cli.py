@@ -284,6 +284,8 @@ def detect_eval(
     train_on: Annotated[str | None, typer.Option(
         help="train on these sources only (comma-separated) and test on each other one, instead of leaving one out")]
     = None,
+    detectors: Annotated[str | None, typer.Option(
+        help="comma-separated detector names to measure (default: every one; names as in the table)")] = None,
     seed: Annotated[int, typer.Option(help="seed of the prompt sets and the bootstrap")] = 0,
 ):
     """Leave-one-source-out (or -family-out) AUCs of every detector and baseline; everything is chosen on the
@@ -293,7 +295,8 @@ def detect_eval(
 
     check_output_folder(out)
     result = run_detect_eval(model, sources=tuple(_split(sources)), n_pairs=pairs, layers=_parse_layers(layers),
-                             split=split, n_boot=boot, dtype=dtype, train_on=_split(train_on) or None, seed=seed)
+                             split=split, n_boot=boot, dtype=dtype, train_on=_split(train_on) or None,
+                             detectors=_split(detectors) or None, seed=seed)
     typer.echo(f"{'detector':<28}{'mean AUC':>9}{'min AUC':>9}{'len-matched':>12}{'TPR@5%':>8}{'near-miss FP':>13}")
     for r in result["summary"]:
         typer.echo(f"{r['detector']:<28}{r['mean_auc']:>9.3f}{r['min_auc']:>9.3f}{r['mean_length_matched_auc']:>12.3f}"

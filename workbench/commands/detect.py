@@ -140,13 +140,14 @@ EVAL_SOURCES = SOURCES
 def run_detect_eval(model="smollm2-135m", sources=EVAL_SOURCES, n_pairs: int = 150, layers=None,
                     split: str = "source", max_tokens: int = 512, batch_size: int = 8, n_boot: int = 1000,
                     dtype: str = "float32", train_on: Sequence[str] | None = None, topology: bool = True,
-                    seed: int = 0, progress: bool = True) -> dict:
+                    detectors: Sequence[str] | None = None, seed: int = 0, progress: bool = True) -> dict:
     """Leave-one-source-out (``split="source"``) or leave-one-family-out (``"family"``, generator only) AUCs of
     every detector and baseline; features cached in the user cache by everything they depend on. ``dtype``: the
     model's; detectors are trained and scored in one dtype, which the features' cache key and the results record
     (on the 2-core CPU, TransformerLens's SmolLM2 forward ran 7x slower in bfloat16 than in float32).
-    ``topology``: also the token-cloud barcode of every document (``TokenCloudBarcode`` with its defaults)."""
-    from workbench.detect.evaluate import evaluate, summarize
+    ``topology``: also the token-cloud barcode of every document (``TokenCloudBarcode`` with its defaults).
+    ``detectors``: names of ``evaluate.DETECTORS`` to measure (None: every one)."""
+    from workbench.detect.evaluate import DETECTORS, evaluate, summarize
     from workbench.detect.features import activation_features, text_features
     from workbench.detect.trained import model_identity
     from workbench.models import has_chat_template, load_model
@@ -157,6 +158,10 @@ def run_detect_eval(model="smollm2-135m", sources=EVAL_SOURCES, n_pairs: int = 1
         raise WorkbenchError(f"unknown split {split!r}: use source (leave one source out) or family")
     if split == "family":
         sources = ("generator",)
+    unknown = [d for d in detectors or () if d not in DETECTORS]
+    if unknown or (detectors is not None and not detectors):
+        raise WorkbenchError(f"unknown detector {(unknown or [''])[0]!r}: use some of {', '.join(DETECTORS)}")
+    chosen = {d: DETECTORS[d] for d in detectors} if detectors else None
     records = source_records(sources, n_pairs, seed)
     hooked = load_model(model, dtype=dtype) if isinstance(model, str) else model
     n = hooked.cfg.n_layers
@@ -175,7 +180,7 @@ def run_detect_eval(model="smollm2-135m", sources=EVAL_SOURCES, n_pairs: int = 1
         train_on = sorted({g for g in groups for t in train_on if g == t or g.startswith(f"{t}:")})
     rows = evaluate(acts, text_features(records), layers, [r["label"] != "clean" for r in records], groups,
                     [len(r["text"]) for r in records], [bool(r.get("near_miss")) for r in records],
-                    n_boot=n_boot, seed=seed, train_on=train_on, progress=progress)
+                    detectors=chosen, n_boot=n_boot, seed=seed, train_on=train_on, progress=progress)
     return {"model": model_identity(hooked), "split": split, "train_on": list(train_on) if train_on else None, "sources": list(sources), "n_pairs": n_pairs,
             "layers": layers, "n_records": len(records), "rows": rows, "summary": summarize(rows)}
 
@@ -190,16 +195,28 @@ def write_detect_eval(result: dict, out) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "results.json", json.dumps({**result, "versions": versions()}, indent=1, default=str))
-    write_csv_atomic(out / "results.csv", result["rows"])
+    write_csv_atomic(out / "results.csv", [_flat(r) for r in result["rows"]])
     columns = ["detector", "mean_auc", "min_auc", "mean_length_matched_auc", "min_length_matched_auc",
                "mean_tpr_at_5pct_fpr", "near_miss_fpr", "layers"]
     tested = ", ".join(sorted({r["held_out"] for r in result["rows"]}))
     how = (f"trained on {', '.join(result['train_on'])}, tested on each of {tested}" if result.get("train_on")
            else f"leave one {result['split']} out over {tested}")
     caption = f"{result['model']['model']} ({result['model']['model_dtype']}), {how}; {result['n_records']} prompts"
-    write_text_atomic(out / "results.md", caption + "\n\n" + markdown_table(result["summary"], columns))
+    text = caption + "\n\n" + markdown_table(result["summary"], columns)
+    by_layer = [{"detector": r["detector"], **{f"layer {L}": v for L, v in r.get("mean_auc_at_layer", {}).items()}}
+                for r in result["summary"] if r.get("mean_auc_at_layer")]
+    if by_layer:  # the layer each detector would have had, fixed: a diagnostic of the choice
+        text += ("\n\nMean held-out AUC with the layer fixed (C still chosen on the training sources):\n\n"
+                 + markdown_table(by_layer, list(dict.fromkeys(k for r in by_layer for k in r))))
+    write_text_atomic(out / "results.md", text)
     detect_eval_figure(result, out / "figure.png")
     return out
+
+
+def _flat(row: dict) -> dict:
+    """A results row for CSV: ``auc_at_layer`` as one column per layer."""
+    return {**{k: v for k, v in row.items() if k != "auc_at_layer"},
+            **{f"auc_at_layer_{L}": v for L, v in row.get("auc_at_layer", {}).items()}}
 
 
 def detect_eval_figure(result: dict, path) -> None:

@@ -52,11 +52,11 @@ def _inner_folds(groups: np.ndarray, seed: int) -> list[tuple[np.ndarray, np.nda
 
 def choose(template, acts, layers, text, y, groups, rows, seed: int = 0, fixed: dict | None = None) -> dict:
     """The layer and C with the best mean inner AUC on the (training) ``rows`` only; ``y`` and ``groups`` are theirs.
-    ``fixed``: settings every fit gets (``C_grid`` narrows the C searched)."""
+    ``fixed``: settings every fit gets (``C_grid`` narrows the C searched). ``best_C``: per layer, its best C."""
     fixed = dict(fixed or {})
     grid = fixed.pop("C_grid", C_GRID)
     uses_layer = any(where == LAYER for _, where in template)
-    best = None
+    best, per_layer = None, {}
     for layer in (layers if uses_layer else [None]):
         X = feature_matrix(_blocks(template, layer), acts, layers, text)[rows]
         for C in grid:
@@ -67,9 +67,18 @@ def choose(template, acts, layers, text, y, groups, rows, seed: int = 0, fixed: 
                 det = Detector("inner", [], settings={**fixed, "C": C}).fit(X[fit_rows], y[fit_rows])
                 scores.append(metrics.auc(y[val_rows], det.predict_proba(X[val_rows])))
             mean = float(np.mean(scores)) if scores else -math.inf
+            if layer not in per_layer or mean > per_layer[layer][1]:
+                per_layer[layer] = (C, mean)
             if best is None or mean > best["inner_auc"]:
                 best = {"layer": layer, "C": C, "inner_auc": mean}
-    return best
+    return {**best, "best_C": {layer: c for layer, (c, _) in per_layer.items()}}
+
+
+def _fit_and_score(name, template, acts, layers, text, y, train, test, settings, layer):
+    """(training scores, test scores) of the detector ``template`` at ``layer``, fitted on the ``train`` rows."""
+    X = feature_matrix(_blocks(template, layer), acts, layers, text)
+    det = Detector(name, _blocks(template, layer), settings=settings).fit(X[train], y[train])
+    return det.predict_proba(X[train]), det.predict_proba(X[test])
 
 
 def evaluate(acts: dict, text: dict, layers: list[int], labels: Sequence[int], groups: Sequence[str],
@@ -103,10 +112,13 @@ def evaluate(acts: dict, text: dict, layers: list[int], labels: Sequence[int], g
             if any(view not in acts and view != "text" for view, _ in template):
                 continue  # a view that was not computed (e.g. no topology asked)
             pick = choose(template, acts, layers, text, y[train], groups[train], train, seed, fixed)
-            X = feature_matrix(_blocks(template, pick["layer"]), acts, layers, text)
-            settings = {**{k: v for k, v in fixed.items() if k != "C_grid"}, "C": pick["C"]}
-            det = Detector(name, _blocks(template, pick["layer"]), settings=settings).fit(X[train], y[train])
-            s_train, s = det.predict_proba(X[train]), det.predict_proba(X[test])
+            base = {k: v for k, v in fixed.items() if k != "C_grid"}
+            fit = (name, template, acts, layers, text, y, train, test)
+            s_train, s = _fit_and_score(*fit, {**base, "C": pick["C"]}, pick["layer"])
+            # a diagnostic, not a choice: the held-out AUC had each layer been fixed (its C still chosen inside)
+            at_layer = {str(at): metrics.auc(y[test], s if at == pick["layer"] else
+                                             _fit_and_score(*fit, {**base, "C": c}, at)[1])
+                        for at, c in pick["best_C"].items() if at is not None and len(layers) > 1}
             threshold = metrics.threshold_at_fpr(s_train[(y[train] == 0)], FPR_FOR_THRESHOLD)
             a, lo, hi = metrics.auc_ci(y[test], s, n_boot=n_boot, seed=seed)
             lm, n_matched = metrics.length_matched_auc(y[test], s, lengths[test])
@@ -120,7 +132,7 @@ def evaluate(acts: dict, text: dict, layers: list[int], labels: Sequence[int], g
                 "fpr_clean_at_threshold": metrics.false_positive_rate(s[(y[test] == 0) & ~t_near], threshold),
                 "tpr_at_threshold": float((s[y[test] == 1] > threshold).mean()),
                 "near_miss_fpr": metrics.false_positive_rate(s[t_near], threshold) if t_near.any() else math.nan,
-                "n_near_miss": int(t_near.sum()),
+                "n_near_miss": int(t_near.sum()), "auc_at_layer": at_layer,
             })
     return rows
 
@@ -138,5 +150,7 @@ def summarize(rows: list[dict]) -> list[dict]:
                     "min_length_matched_auc": float(np.min(lms)) if lms else math.nan,
                     "mean_tpr_at_5pct_fpr": float(np.mean([r["tpr_at_5pct_fpr"] for r in mine])),
                     "near_miss_fpr": float(np.mean(nm)) if nm else math.nan,
-                    "layers": sorted({r["layer"] for r in mine if r["layer"] is not None})})
+                    "layers": sorted({r["layer"] for r in mine if r["layer"] is not None}),
+                    "mean_auc_at_layer": {L: float(np.mean([r["auc_at_layer"][L] for r in mine]))
+                                          for L in mine[0].get("auc_at_layer", {})}})
     return out
