@@ -154,3 +154,23 @@ def test_the_study_job_and_report_write_one_folder_per_job(tmp_path, monkeypatch
     detect_eval_report({"jobs": jobs, "config": {"quick": False}}, tmp_path / "results")
     for tag in ("leave-one-source-out", "train-on-agentdojo-banking"):
         assert (tmp_path / "results" / tag / "results.md").exists() and (tmp_path / "results" / tag / "figure.png").exists()
+
+
+def test_the_threshold_is_read_from_out_of_fold_scores_so_it_holds_on_unseen_groups():
+    """Noise features: a fit separates its own rows, so an in-sample threshold flags most unseen clean rows;
+    the out-of-fold threshold flags about the 5% it promises."""
+    from workbench.detect.evaluate import choose, held_out_threshold
+
+    rng = np.random.default_rng(5)
+    n, d = 240, 400
+    y, groups = rng.integers(0, 2, n), np.repeat(["g0", "g1", "g2", "g3"], n // 4)
+    acts = {"last": rng.normal(size=(n, 1, d)).astype(np.float32)}
+    train, test = groups != "g3", groups == "g3"
+    pick = choose([("last", "layer")], acts, [0], {}, y[train], groups[train], train, fixed={"C_grid": (1.0,)})
+    det = Detector("p", [("last", 0)], settings={"C": 1.0}).fit(acts["last"][train, 0], y[train])
+    s_train, s_test = det.predict_proba(acts["last"][train, 0]), det.predict_proba(acts["last"][test, 0])
+    in_sample = metrics.threshold_at_fpr(s_train[y[train] == 0], 0.05)
+    out_of_fold = held_out_threshold(pick, y[train], s_train)
+    unseen_clean = s_test[y[test] == 0]
+    assert metrics.false_positive_rate(unseen_clean, in_sample) > 0.3
+    assert metrics.false_positive_rate(unseen_clean, out_of_fold) < 0.2

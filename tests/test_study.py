@@ -139,3 +139,17 @@ def test_tool_studies_through_the_runner(tmp_path, monkeypatch):
         record = json.loads((out / "tiny" / "results.json").read_text())
         assert [r[key] for r in record["rows"]] == [r[key] for r in table]
         assert record["config"]["quick"] is False and (out / "tiny" / "figure.html").exists()
+
+
+def test_an_edit_of_the_code_is_another_version(tmp_path):
+    """Study jobs are cached by versions(): the workbench's own code is in it by content, not by version string."""
+    from workbench.report import tree_sha256, versions
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text("x = 1\n")
+    before = tree_sha256([tmp_path / "pkg"])
+    (tmp_path / "pkg" / "a.py").write_text("x = 2\n")
+    edited = tree_sha256([tmp_path / "pkg"])
+    (tmp_path / "pkg" / "notes.txt").write_text("not code")
+    assert before != edited == tree_sha256([tmp_path / "pkg"])
+    assert versions()["workbench_source"] == versions()["workbench_source"] and len(versions()["workbench_source"]) == 16

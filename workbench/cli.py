@@ -216,7 +216,7 @@ def detect(
     train: Annotated[bool, typer.Option("--train", help="(re)fit the detector")] = False,
     sources: Annotated[str | None, typer.Option(
         help="training sources, comma-separated: generator, agentdojo (default both)")] = None,
-    pairs: Annotated[int | None, typer.Option(help="matched pairs per training source (default 100)")] = None,
+    pairs: Annotated[int | None, typer.Option(help="matched pairs per training source (default 60)")] = None,
     detector_dir: Annotated[Path | None, typer.Option(help="where the detector lives (default: user cache)")] = None,
     chat: Annotated[bool, typer.Option("--chat/--raw", help="wrap texts in the chat template (as in training)")] = True,
     device: DeviceOpt = "auto",
@@ -235,10 +235,10 @@ def detect(
     from workbench.capture import read_prompt_file
     from workbench.commands.detect import detector_folder, labelled_auc, score_file, trained_or_loaded
     from workbench.detect import DetectorConfig, resolve_layer
-    from workbench.detect.trained import summary_line
+    from workbench.detect.trained import DEFAULT_PAIRS, summary_line
 
     asked_sources = _split(sources) or None
-    config = DetectorConfig(layer=layer, detector=detector, n_pairs=100 if pairs is None else pairs,
+    config = DetectorConfig(layer=layer, detector=detector, n_pairs=DEFAULT_PAIRS if pairs is None else pairs,
                             seed=seed or 0, **({"sources": asked_sources} if asked_sources else {}))  # validates
     records = read_prompt_file(prompts) if prompts is not None else None  # a bad file fails before any training
     out = out or (prompts.with_suffix(".scores.jsonl") if prompts is not None else None)

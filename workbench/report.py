@@ -6,6 +6,8 @@ An HTML report embeds plotly.js once, inline, so it opens offline; JSON goes thr
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import html
 import json
 import platform
@@ -14,12 +16,37 @@ from pathlib import Path
 from workbench.io import write_json_atomic
 
 
+@functools.cache
+def source_sha256() -> str:
+    """Fingerprint of the workbench's own code (every .py file of the package and its kernels): an edited
+    analysis is another version even when the package's version string stays the same."""
+    import importlib.util
+
+    import workbench
+
+    roots = [Path(workbench.__file__).parent]
+    kernels = importlib.util.find_spec("workbench.kernels")
+    roots += [Path(p) for p in (kernels.submodule_search_locations or [])] if kernels is not None else []
+    return tree_sha256(roots)
+
+
+def tree_sha256(roots) -> str:
+    """sha256 (16 hex digits) of the names and contents of every .py file under ``roots``."""
+    digest = hashlib.sha256()
+    for root in dict.fromkeys(Path(r).resolve() for r in roots):
+        for file in sorted(root.rglob("*.py")):
+            digest.update(f"{file.relative_to(root)}\0{len(file.read_bytes())}\0".encode())
+            digest.update(file.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def versions() -> dict:
-    """Versions of the packages (and the platform) the numbers depend on: recorded beside every result, and part of
-    every study job's cache key, so nothing here may depend on what happens to be imported."""
+    """Versions of the packages (and the platform) the numbers depend on, the workbench's own code by its
+    fingerprint: recorded beside every result, and part of every study job's cache key (a code edit recomputes
+    the jobs), so nothing here may depend on what happens to be imported."""
     from importlib.metadata import PackageNotFoundError, version
 
-    out = {"python": platform.python_version(), "platform": platform.platform()}
+    out = {"python": platform.python_version(), "platform": platform.platform(), "workbench_source": source_sha256()}
     for pkg in ("workbench", "torch", "transformer-lens", "transformers", "numpy", "scikit-learn", "giotto-ph",
                 "ripser", "gudhi", "sae-lens"):
         try:

@@ -4,7 +4,7 @@ For each held-out group, every detector's layer and regularization are chosen by
 leave-one-group-out over the training groups only (plain 3-fold CV when there is one), the pipeline
 is refitted on all training rows, and the held-out rows are scored once: AUC with a bootstrap CI,
 length-matched AUC, TPR at 1% and 5% FPR, and the false-positive rate of benign near-misses at the
-threshold that gives 5% FPR on the training clean rows. Text-only baselines (length, keywords) and a
+threshold that gives 5% FPR on the training clean rows' out-of-fold scores. Text-only baselines (length, keywords) and a
 last-token linear probe always sit in the same table.
 """
 
@@ -60,18 +60,29 @@ def choose(template, acts, layers, text, y, groups, rows, seed: int = 0, fixed: 
     for layer in (layers if uses_layer else [None]):
         X = feature_matrix(_blocks(template, layer), acts, layers, text)[rows]
         for C in grid:
-            scores = []
+            scores, oof = [], np.full(len(y), np.nan)
             for fit_rows, val_rows in _inner_folds(groups, seed):
                 if len(set(y[fit_rows])) < 2 or len(set(y[val_rows])) < 2:
                     continue
                 det = Detector("inner", [], settings={**fixed, "C": C}).fit(X[fit_rows], y[fit_rows])
-                scores.append(metrics.auc(y[val_rows], det.predict_proba(X[val_rows])))
+                oof[val_rows] = det.predict_proba(X[val_rows])
+                scores.append(metrics.auc(y[val_rows], oof[val_rows]))
             mean = float(np.mean(scores)) if scores else -math.inf
             if layer not in per_layer or mean > per_layer[layer][1]:
                 per_layer[layer] = (C, mean)
             if best is None or mean > best["inner_auc"]:
-                best = {"layer": layer, "C": C, "inner_auc": mean}
+                best = {"layer": layer, "C": C, "inner_auc": mean, "oof": oof}
     return {**best, "best_C": {layer: c for layer, (c, _) in per_layer.items()}}
+
+
+def held_out_threshold(pick: dict, y: np.ndarray, fallback: np.ndarray) -> float:
+    """The score that flags ``FPR_FOR_THRESHOLD`` of the training clean rows, read from their out-of-fold scores
+    (each scored by the inner fit that had not seen its source): in-sample scores of a model that separates its
+    training rows put the threshold far too low for any prompt it has not seen. ``fallback``: in-sample scores,
+    used only when no inner fold could score a clean row."""
+    oof = pick.get("oof")
+    clean = oof[(y == 0) & np.isfinite(oof)] if oof is not None else np.array([])
+    return metrics.threshold_at_fpr(clean if len(clean) else fallback[y == 0], FPR_FOR_THRESHOLD)
 
 
 def _fit_and_score(name, template, acts, layers, text, y, train, test, settings, layer):
@@ -119,7 +130,7 @@ def evaluate(acts: dict, text: dict, layers: list[int], labels: Sequence[int], g
             at_layer = {str(at): metrics.auc(y[test], s if at == pick["layer"] else
                                              _fit_and_score(*fit, {**base, "C": c}, at)[1])
                         for at, c in pick["best_C"].items() if at is not None and len(layers) > 1}
-            threshold = metrics.threshold_at_fpr(s_train[(y[train] == 0)], FPR_FOR_THRESHOLD)
+            threshold = held_out_threshold(pick, y[train], s_train)
             a, lo, hi = metrics.auc_ci(y[test], s, n_boot=n_boot, seed=seed)
             lm, n_matched = metrics.length_matched_auc(y[test], s, lengths[test])
             t_near = near[test]

@@ -4,7 +4,7 @@ Training draws matched clean/injected pairs from every source (the generator, ea
 the per-prompt features of ``features`` at the candidate layers, and lets the inner leave-one-source-out of
 ``evaluate.choose`` pick the layer and C of each candidate detector; with ``detector="auto"`` the candidate with
 the best inner AUC wins. The pipeline is refitted on every training row, and its threshold is the score that
-flags 5% of the training clean rows. The result is one JSON object (the pipeline as ``Detector.to_dict``, the
+flags 5% of the training clean rows as the inner folds scored them (each by a fit that had not seen its source). The result is one JSON object (the pipeline as ``Detector.to_dict``, the
 model it belongs to, the settings its features need), so loading it runs no code.
 
 The detector reads the document the way a user's prompt file gives it: the heuristic ``document_span``
@@ -24,12 +24,15 @@ import numpy as np
 from workbench.errors import WorkbenchError
 
 FORMAT = 2
+DEFAULT_PAIRS = 60  # per source: five sources, 600 prompts, trained in about 3 minutes on 2 cores
 MIN_PAIRS = 14  # every source needs both classes in every inner fold
 SOURCES = ("generator", "agentdojo")
-# What ``detector="auto"`` chooses among: the activation and topological detectors (baselines and the
-# reference-cloud view, which runs PH per row in every fit, stay in `workbench detect eval`).
-AUTO = ("last-token probe", "document span mean+max", "TaskTracker delta", "delta + span mean + last",
-        "token-cloud barcode", "barcode + span mean+max")
+# What ``detector="auto"`` chooses among: the activation detectors. The baselines, and the topological views
+# (the token-cloud barcode, alone or beside the span features, and the reference-cloud change), stay in
+# `workbench detect eval` and `--detector NAME`: in studies/injection_detection they never beat the span
+# features held out (barcode + span 0.901 vs span alone 0.904 leaving one source out, 0.913 vs 0.917 from the
+# generator to AgentDojo, both at layer 2) and their PH would take a third of the 3-minute training budget.
+AUTO = ("last-token probe", "document span mean+max", "TaskTracker delta", "delta + span mean + last")
 REQUIRED = ("format", "config", "model", "weights_sha256", "d_model", "layer", "pipeline", "threshold")
 
 
@@ -46,7 +49,7 @@ class DetectorConfig:
     layer: int | None = None  # None: chosen among ``layers`` on the training sources
     layers: list[int] | None = None  # candidates (None: DEFAULT_LAYERS of the model)
     sources: list[str] = field(default_factory=lambda: list(SOURCES))
-    n_pairs: int = 100  # matched pairs per source (per AgentDojo suite)
+    n_pairs: int = DEFAULT_PAIRS  # matched pairs per source (per AgentDojo suite)
     max_tokens: int = 512
     seed: int = 0
 
@@ -72,10 +75,12 @@ class DetectorConfig:
 
 
 def default_layers(model) -> list[int]:
-    """Candidate layers: the first third of the depth, where the forward is cheap and (measured on SmolLM2, see
-    studies/injection_detection) the document's features transfer across sources as well as deeper ones."""
+    """Candidate layers: two in the first seventh of the depth. On SmolLM2 (studies/injection_detection, the
+    per-layer table) the document-span detector held out AUC 0.904 at layer 2 against 0.882-0.892 at layers
+    6-18 (leaving one source out) and 0.917 against 0.924 at layer 18 (from the generator to AgentDojo), and a
+    forward that stops at layer 4 is what lets scoring pass 10 prompts/s on 2 cores."""
     n = model.cfg.n_layers
-    return sorted({max(1, n // 15), max(1, n // 7), max(1, n // 5)} & set(range(n)))
+    return sorted({max(1, n // 15), max(1, n // 7)} & set(range(n)))
 
 
 def model_identity(model) -> dict:
@@ -144,7 +149,7 @@ def features_for(model, records, layers, views: set[str], max_tokens: int, chat:
 def fit_detector(model, config: DetectorConfig, cache=None, progress: bool = True) -> dict:
     """Choose (detector, layer, C) by inner leave-one-source-out, refit on every row; the detector as a dict."""
     from workbench.detect import metrics
-    from workbench.detect.evaluate import DETECTORS, FPR_FOR_THRESHOLD, _blocks, choose
+    from workbench.detect.evaluate import DETECTORS, FPR_FOR_THRESHOLD, _blocks, choose, held_out_threshold
     from workbench.detect.features import text_features
     from workbench.detect.pipelines import Detector, feature_matrix
     from workbench.models import has_chat_template
@@ -173,7 +178,7 @@ def fit_detector(model, config: DetectorConfig, cache=None, progress: bool = Tru
     X = feature_matrix(blocks, acts, layers, text)
     det = Detector(name, blocks, settings=settings).fit(X, y)
     s = det.predict_proba(X)
-    threshold = metrics.threshold_at_fpr(s[y == 0], FPR_FOR_THRESHOLD)
+    threshold = held_out_threshold(pick, y, s)
     return {"format": FORMAT, "config": asdict(config), **model_identity(model), "chat": chat,
             "layer": pick["layer"], "views": sorted(_views_of(blocks)), "pipeline": det.to_dict(),
             "threshold": float(threshold), "fpr_for_threshold": FPR_FOR_THRESHOLD,

@@ -1,0 +1,112 @@
+"""How long the injection detector takes to train and how fast it scores, as a user runs it.
+
+Training: `workbench detect --train` in a fresh process with an empty detector cache (model load, the training
+prompts of every source, their features at the candidate layers, the inner leave-one-source-out choice, the
+saved JSON), against the issue's budget of 180 s on the embedded default (ratio = measured / budget, <= 1
+passes). What every command builds once on first use (dequantized weights, the generator's text corpus) is
+built before the clock starts and reported on its own row.
+
+Scoring: the trained detector's prompts per second on ~200-token prompts (generator documents, the user
+message only, as `workbench detect --prompts` reads them), against the issue's floor of 10 prompts/s, and
+against a named baseline measured in the same run: the features of the first detector layout (three mid
+layers 6, 12, 18 of SmolLM2 and the TaskTracker delta pass; ratio = ours / baseline, > 1 is faster).
+
+    python bench/bench_detect.py [--quick] [--model smollm2-135m]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchutil import print_table, write_results  # noqa: E402
+
+TRAIN_BUDGET_S = 180.0
+SCORE_FLOOR = 10.0  # prompts per second
+
+
+def warm_shared_caches(model: str, cache: Path) -> float:
+    """Build what every command shares on first use (the dequantized weights, the generator's text corpus) in
+    ``cache``, so the timed training pays for the detector alone, as every run after a user's first does."""
+    code = ("import sys; from workbench.models import load_model; load_model(sys.argv[1]); "
+            "from workbench.detect.trained import source_records; source_records()")
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code, model], check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, env={**os.environ, "WORKBENCH_CACHE": str(cache)})
+    return time.perf_counter() - started
+
+
+def train_by_cli(model: str, pairs: int | None, folder: Path, cache: Path) -> float:
+    command = [str(Path(sys.executable).with_name("workbench")), "detect", "--train", "--model", model,
+               "--detector-dir", str(folder)]
+    if pairs is not None:
+        command += ["--pairs", str(pairs)]
+    started = time.perf_counter()
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   env={**os.environ, "TQDM_DISABLE": "1", "WORKBENCH_CACHE": str(cache)})
+    return time.perf_counter() - started
+
+
+def scoring_prompts(model, n: int) -> list[dict]:
+    """The ``n`` generator user messages (clean and injected alike) whose length is nearest 200 tokens."""
+    from workbench.conditions import get_condition
+
+    records = get_condition("injection").prompts(None, 4 * n, seed=123)
+    records.sort(key=lambda r: abs(len(model.to_tokens(r["text"])[0]) - 200))
+    return [{"text": r["text"]} for r in records[:n]]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--quick", action="store_true", help="fewer training pairs (20) and 48 scored prompts")
+    args = parser.parse_args()
+
+    from workbench.commands.detect import load_detector
+    from workbench.detect.features import activation_features
+    from workbench.detect.trained import score_prompts
+    from workbench.models import has_chat_template, load_model
+
+    pairs, n_score = (20, 48) if args.quick else (None, 160)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "detector"
+        first_use_s = warm_shared_caches(args.model, Path(tmp) / "cache")
+        train_s = train_by_cli(args.model, pairs, folder, Path(tmp) / "cache")
+        detector = load_detector(folder / "detector.json")
+        rows.append({"what": f"detect --train ({detector['n_train']} prompts)", "seconds": train_s,
+                     "target": f"<= {TRAIN_BUDGET_S:.0f} s", "ratio": train_s / TRAIN_BUDGET_S})
+
+        hooked = load_model(args.model)
+        prompts = scoring_prompts(hooked, n_score)
+        tokens = sum(len(hooked.to_tokens(p["text"])[0]) for p in prompts) / len(prompts)
+        score_prompts(hooked, detector, prompts[:8], progress=False)  # warm-up
+        start = time.perf_counter()
+        score_prompts(hooked, detector, prompts, progress=False)
+        ours = len(prompts) / (time.perf_counter() - start)
+        start = time.perf_counter()
+        activation_features(hooked, prompts, [6, 12, 18], delta=True, chat=has_chat_template(hooked), progress=False)
+        baseline = len(prompts) / (time.perf_counter() - start)
+    rows.append({"what": "first use only: weights + text corpus built", "seconds": first_use_s, "target": "once",
+                 "ratio": None})
+    rows.append({"what": f"score ({detector['pipeline']['name']}, layer {detector['layer']})",
+                 "prompts_per_s": ours, "target": f">= {SCORE_FLOOR:.0f}/s", "ratio": ours / SCORE_FLOOR})
+    rows.append({"what": "baseline: layers 6,12,18 + delta features", "prompts_per_s": baseline,
+                 "target": "same run", "ratio": ours / baseline})
+    print(f"{len(prompts)} prompts of {tokens:.0f} tokens on average")
+    print_table(rows, ["what", "seconds", "prompts_per_s", "target", "ratio"])
+    write_results("detect_quick" if args.quick else "detect", args, rows, mean_tokens=tokens,
+                  detector={k: detector[k] for k in ("layer", "inner_auc", "n_train", "sources", "choice")},
+                  load_average=os.getloadavg())
+    print(json.dumps({r["what"]: round(r["ratio"], 2) for r in rows if r["ratio"] is not None}))
+
+
+if __name__ == "__main__":
+    main()
