@@ -237,4 +237,5 @@ def summary_line(detector: dict) -> str:
     held = "n/a" if auc is None or (isinstance(auc, float) and math.isnan(auc)) else f"{auc:.3f}"
     return (f"{detector['pipeline']['name']} at layer {detector['layer']} (C={detector['pipeline']['settings']['C']}), "
             f"{detector['n_train']} prompts from {', '.join(detector['sources'])}; "
-            f"leave-one-source-out AUC {held}, threshold {detector['threshold']:.3f} (5% of training clean rows flagged)")
+            f"leave-one-source-out AUC {held}, threshold {detector['threshold']:.3f} "
+            "(flags 5% of the training clean rows, scored out of fold)")
