@@ -243,7 +243,7 @@ BAD_PROMPT_LINES = [
     ('{"text": "abc", "label": {"k": 1}}', "'label' must be a string or number"),
     ('{"text": ""}', "empty 'text'"),
     ('{"text": 5}', "no 'text'"),
-    ('[1, 2]', "no 'text'"),
+    ('[1, 2]', "is a JSON array"),
     ('{"text": "abc"', "not valid JSON"),
     ('{"text": "abc", "span": [null, 2]}', "two integers"),
 ]
