@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -263,7 +264,7 @@ def detect(
         typer.echo(f"{cut} prompts were longer than {trained_detector['config']['max_tokens']} tokens: each was "
                    "scored on its last tokens, as the detector was trained ('truncated' in the scores)")
     got = labelled_auc(rows)
-    if got is not None and got[0] != got[0]:
+    if got is not None and math.isnan(got[0]):
         typer.echo(f"no AUC: every label in the file is of one class ({got[1]} prompts); an AUC needs both")
     elif got is not None:
         typer.echo(f"AUC against the file's labels: {got[0]:.3f} ({got[1]} prompts)")
