@@ -37,6 +37,11 @@ DETECTORS = {
 FPR_FOR_THRESHOLD = 0.05
 
 
+def fit_settings(fixed: dict, C: float | None = None) -> dict:
+    """A detector's fixed settings as a fit takes them: without the C grid searched, with the chosen ``C``."""
+    return {**{k: v for k, v in fixed.items() if k != "C_grid"}, **({} if C is None else {"C": C})}
+
+
 def _blocks(template, layer):
     return [(view, layer if where == LAYER else where) for view, where in template]
 
@@ -123,7 +128,7 @@ def evaluate(acts: dict, text: dict, layers: list[int], labels: Sequence[int], g
             if any(view not in acts and view != "text" for view, _ in template):
                 continue  # a view that was not computed (e.g. no topology asked)
             pick = choose(template, acts, layers, text, y[train], groups[train], train, seed, fixed)
-            base = {k: v for k, v in fixed.items() if k != "C_grid"}
+            base = fit_settings(fixed)
             fit = (name, template, acts, layers, text, y, train, test)
             s_train, s = _fit_and_score(*fit, {**base, "C": pick["C"]}, pick["layer"])
             # a diagnostic, not a choice: the held-out AUC had each layer been fixed (its C still chosen inside)

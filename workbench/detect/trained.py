@@ -149,7 +149,14 @@ def features_for(model, records, layers, views: set[str], max_tokens: int, chat:
 def fit_detector(model, config: DetectorConfig, cache=None, progress: bool = True) -> dict:
     """Choose (detector, layer, C) by inner leave-one-source-out, refit on every row; the detector as a dict."""
     from workbench.detect import metrics
-    from workbench.detect.evaluate import DETECTORS, FPR_FOR_THRESHOLD, _blocks, choose, held_out_threshold
+    from workbench.detect.evaluate import (
+        DETECTORS,
+        FPR_FOR_THRESHOLD,
+        _blocks,
+        choose,
+        fit_settings,
+        held_out_threshold,
+    )
     from workbench.detect.features import text_features
     from workbench.detect.pipelines import Detector, feature_matrix
     from workbench.models import has_chat_template
@@ -174,7 +181,7 @@ def fit_detector(model, config: DetectorConfig, cache=None, progress: bool = Tru
     template, fixed = DETECTORS[name]
     pick = picks[name]
     blocks = _blocks(template, pick["layer"])
-    settings = {**{k: v for k, v in fixed.items() if k != "C_grid"}, "C": pick["C"]}
+    settings = fit_settings(fixed, pick["C"])
     X = feature_matrix(blocks, acts, layers, text)
     det = Detector(name, blocks, settings=settings).fit(X, y)
     s = det.predict_proba(X)
