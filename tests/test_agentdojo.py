@@ -72,8 +72,8 @@ def test_records_are_deterministic_and_labelled_in_pairs():
 
 def test_twins_differ_only_at_the_vector(everything):
     for clean, injected in _pairs(everything):
-        assert {k: v for k, v in clean.items() if k not in ("text", "label", "span", "inserted_chars", "inserted")} \
-            == {k: v for k, v in injected.items() if k not in ("text", "label", "span", "inserted_chars", "inserted")}
+        assert {k: v for k, v in clean.items() if k not in ("text", "label", "span", "inserted_chars", "inserted", "inserted_span")} \
+            == {k: v for k, v in injected.items() if k not in ("text", "label", "span", "inserted_chars", "inserted", "inserted_span")}
         at = clean["position"]
         assert clean["text"][:at] == injected["text"][:at]
         assert clean["text"][at + clean["inserted_chars"]:] == injected["text"][at + injected["inserted_chars"]:]
@@ -95,6 +95,7 @@ def test_span_slices_exactly_the_tool_output(everything):
         assert r["text"][:a].endswith("\n\n<tool_output>\n") and r["text"][b:] == "\n</tool_output>"
         assert r["text"][:a - len("\n\n<tool_output>\n")] == r["user_prompt"]
         assert a <= r["position"] <= r["position"] + r["inserted_chars"] <= b
+        assert r["inserted_span"] == [r["position"], r["position"] + r["inserted_chars"]]
         assert r["text"].count("<tool_output>") == r["text"].count("</tool_output>") == 1
 
 

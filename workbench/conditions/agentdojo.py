@@ -20,7 +20,6 @@ from __future__ import annotations
 import ast
 import contextlib
 import importlib.metadata
-import importlib.util
 import logging
 import math
 import random
@@ -32,6 +31,7 @@ from pathlib import Path
 
 import yaml
 
+from workbench.conditions.pysource import NotConstant, bind, constant, package_root, parse
 from workbench.errors import WorkbenchError
 
 log = logging.getLogger(__name__)
@@ -66,12 +66,7 @@ _SENTINEL = "\x00"
 
 def agentdojo_root() -> Path:
     """The installed ``agentdojo`` folder, found without running its ``__init__`` (which imports LLM clients)."""
-    try:
-        spec = importlib.util.find_spec("agentdojo")
-    except (ImportError, ValueError):
-        spec = None
-    locations = list(spec.submodule_search_locations or []) if spec else []
-    root = next((Path(p) for p in locations if (Path(p) / "data" / "suites").is_dir()), None)
+    root = package_root("agentdojo", "data/suites")
     if root is None:
         raise WorkbenchError(f"AgentDojo's data is not installed: {INSTALL}")
     return root
@@ -126,66 +121,18 @@ def _unescape(text: str) -> str:
 # --- Python sources as data (ast) ---------------------------------------------------------------------------
 
 
-class _NotConstant(Exception):
-    pass
-
-
-def _eval(node: ast.AST, scope: dict):
-    """A constant expression: literals, names bound to constants, f-strings and ``+`` over them."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str | int | float | bool | type(None)):
-        return node.value
-    if isinstance(node, ast.Name) and node.id in scope:
-        return scope[node.id]
-    if isinstance(node, ast.JoinedStr):
-        parts = []
-        for value in node.values:
-            if isinstance(value, ast.Constant):
-                parts.append(str(value.value))
-                continue
-            item = _eval(value.value, scope)
-            item = {115: str, 114: repr, 97: ascii}.get(value.conversion, lambda x: x)(item)
-            spec = _eval(value.format_spec, scope) if value.format_spec is not None else ""
-            parts.append(format(item, spec))
-        return "".join(parts)
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        left, right = _eval(node.left, scope), _eval(node.right, scope)
-        if isinstance(left, str) and isinstance(right, str):
-            return left + right
-    if isinstance(node, ast.List | ast.Tuple):
-        return [_eval(e, scope) for e in node.elts]
-    raise _NotConstant
-
-
-def _bind(statements, scope: dict, outer: dict) -> None:
-    """Add each ``NAME = constant`` of ``statements`` to ``scope`` (evaluated against scope, then outer)."""
-    for stmt in statements:
-        target = value = None
-        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
-            target, value = stmt.targets[0], stmt.value
-        elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
-            target, value = stmt.target, stmt.value
-        if isinstance(target, ast.Name):
-            with contextlib.suppress(_NotConstant):
-                scope[target.id] = _eval(value, {**outer, **scope})
-
-
-@lru_cache(maxsize=64)
-def _parse(path: Path) -> ast.Module:
-    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-
-
 @lru_cache(maxsize=64)
 def _module_scope(path: Path) -> dict:
     """Module-level constants, with constants imported from other ``agentdojo`` modules."""
     root, scope = agentdojo_root(), {}
-    for stmt in _parse(path).body:
+    for stmt in parse(path).body:
         if isinstance(stmt, ast.ImportFrom) and (stmt.module or "").startswith("agentdojo."):
             rel = Path(*stmt.module.split(".")[1:])
             source = next((p for p in (root / rel.with_suffix(".py"), root / rel / "__init__.py") if p.is_file()), None)
             if source is not None and source != path:
                 names = _module_scope(source)
                 scope.update({a.asname or a.name: names[a.name] for a in stmt.names if a.name in names})
-    _bind(_parse(path).body, scope, {})
+    bind(parse(path).body, scope, {})
     return scope
 
 
@@ -193,10 +140,10 @@ def _classes(path: Path) -> list[tuple[ast.ClassDef, dict]]:
     """Each class of a module with its constant class attributes."""
     module = _module_scope(path)
     out = []
-    for stmt in _parse(path).body:
+    for stmt in parse(path).body:
         if isinstance(stmt, ast.ClassDef):
             attrs: dict = {}
-            _bind(stmt.body, attrs, module)
+            bind(stmt.body, attrs, module)
             out.append((stmt, attrs))
     return out
 
@@ -249,8 +196,8 @@ def _name_value(node: ast.AST, scope: dict):
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
         return {"get_model_name_from_pipeline": _VICTIM, "get_wrong_model_name_from_pipeline": _WRONG}.get(node.func.id)
     try:
-        return _eval(node, scope)
-    except _NotConstant:
+        return constant(node, scope)
+    except NotConstant:
         return None
 
 
@@ -305,7 +252,7 @@ def attack_templates() -> dict[str, dict]:
 @lru_cache(maxsize=1)
 def _model_names() -> list[str]:
     """The prose model names of ``agentdojo/models.py`` (``MODEL_NAMES``, a dict literal), in order."""
-    for stmt in _parse(agentdojo_root() / "models.py").body:
+    for stmt in parse(agentdojo_root() / "models.py").body:
         if isinstance(stmt, ast.Assign) and getattr(stmt.targets[0], "id", None) == "MODEL_NAMES":
             with contextlib.suppress(ValueError, SyntaxError):
                 names = ast.literal_eval(stmt.value)
@@ -537,6 +484,7 @@ def agentdojo_records(suites=None, attacks=None, n_pairs: int | None = None, see
                 "text": f"{head}{output}\n</tool_output>", "label": label, "pair": pair,
                 "span": [start, start + len(output)], "position": start + len(vector["before"]),
                 "inserted_chars": len(shown), "inserted": value,
+                "inserted_span": [start + len(vector["before"]), start + len(vector["before"]) + len(shown)],
                 "source": "agentdojo", "condition": "agentdojo", "agentdojo_version": version,
                 "suite": suite, "attack": attack, "injection_task": task, "goal": goal, "vector": name,
                 "vector_description": vector["description"], "document_kind": vector["kind"],

