@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
+import os
 import time
 from pathlib import Path
 
@@ -53,7 +54,11 @@ def _write(sink: Path, state: dict) -> None:
 
 
 def progress_bar(iterable=None, **kwargs) -> tqdm:
-    """``tqdm(iterable, **kwargs)``, reporting to the progress file when one is active."""
+    """``tqdm(iterable, **kwargs)``, reporting to the progress file when one is active. ``TQDM_DISABLE`` (1, true,
+    yes, on) silences every bar, also one a caller enabled with ``disable=not progress`` (tqdm itself reads the
+    variable once at import, and an explicit ``disable=False`` would override it)."""
+    if os.environ.get("TQDM_DISABLE", "").strip().lower() in ("1", "true", "yes", "on"):
+        kwargs["disable"] = True
     return _Bar(iterable, **kwargs)
 
 
