@@ -142,7 +142,7 @@ def test_bad_input_is_one_line():
 
 
 def test_not_installed_is_one_line(monkeypatch):
-    monkeypatch.setattr(ad.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(ad, "package_root", lambda name, marker: None)
     with pytest.raises(WorkbenchError, match=re.escape("pip install --no-deps agentdojo==0.1.35")) as e:
         ad.agentdojo_records(n_pairs=2)
     assert "\n" not in str(e.value)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import importlib.metadata
 import logging
 import math
 import random
@@ -31,7 +30,7 @@ from pathlib import Path
 
 import yaml
 
-from workbench.conditions.pysource import NotConstant, bind, constant, package_root, parse
+from workbench.conditions.pysource import NotConstant, bind, constant, installed_version, package_root, parse
 from workbench.errors import WorkbenchError
 
 log = logging.getLogger(__name__)
@@ -73,10 +72,7 @@ def agentdojo_root() -> Path:
 
 
 def agentdojo_version() -> str | None:
-    try:
-        return importlib.metadata.version("agentdojo")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return installed_version("agentdojo")
 
 
 def suite_names() -> tuple[str, ...]:

@@ -19,14 +19,13 @@ detector that neither the generator nor AgentDojo wrote.
 from __future__ import annotations
 
 import ast
-import importlib.metadata
 import json
 import logging
 import random
 from functools import lru_cache
 from pathlib import Path
 
-from workbench.conditions.pysource import bind, package_root, parse
+from workbench.conditions.pysource import bind, installed_version, package_root, parse
 from workbench.errors import WorkbenchError
 
 log = logging.getLogger(__name__)
@@ -62,10 +61,7 @@ def garak_root() -> Path:
 
 
 def garak_version() -> str | None:
-    try:
-        return importlib.metadata.version("garak")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return installed_version("garak")
 
 
 @lru_cache(maxsize=16)

@@ -69,6 +69,16 @@ def parse(path: Path) -> ast.Module:
     return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
 
 
+def installed_version(name: str) -> str | None:
+    """The installed distribution's version, or None when it is not installed."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def package_root(name: str, marker: str) -> Path | None:
     """The installed folder of package ``name`` that holds ``marker``, found without running its ``__init__``."""
     import importlib.util
