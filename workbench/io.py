@@ -59,11 +59,19 @@ def exclusive(lock_file: str | Path, what: str = "it", wait: bool = True):
         lock.release()
 
 
-def _read_holder(holder: Path) -> str:
-    try:
-        return holder.read_text().strip() or "another process"
-    except OSError:  # between its release and the next holder's write
-        return "another process"
+def _read_holder(holder: Path, patience_s: float = 2.0) -> str:
+    """The holder's pid and host. It writes them just after taking the lock, so a refused process that comes in
+    between waits up to ``patience_s`` for the file (none there after that: released, or a holder that died)."""
+    import time
+
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            return holder.read_text().strip() or "another process"
+        except OSError:
+            if time.monotonic() >= deadline:
+                return "another process"
+            time.sleep(0.02)
 
 
 def build_once(folder: str | Path, build, ready, what: str = "it") -> Path:
