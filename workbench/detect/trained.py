@@ -32,7 +32,10 @@ SOURCES = ("generator", "agentdojo", "garak")
 # `workbench detect eval` and `--detector NAME`: in studies/injection_detection they never beat the span
 # features held out (barcode + span 0.901 vs span alone 0.904 leaving one source out, 0.913 vs 0.917 from the
 # generator to AgentDojo, both at layer 2) and their PH would take a third of the 3-minute training budget.
-AUTO = ("last-token probe", "document span mean+max", "TaskTracker delta", "delta + span mean + last")
+# "span mean+max + keywords" joined after garak held out: the best mean (0.884) and worst (0.622) leave-one-source-out
+# AUC of any detector measured (studies/injection_detection/results/span-keywords).
+AUTO = ("last-token probe", "document span mean+max", "TaskTracker delta", "delta + span mean + last",
+        "span mean+max + keywords")
 REQUIRED = ("format", "config", "model", "weights_sha256", "d_model", "layer", "pipeline", "threshold")
 
 
