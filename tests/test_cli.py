@@ -68,3 +68,23 @@ def test_generate_command_on_tiny():
     result = runner.invoke(app, ["generate", "--model", "tiny", "--prompt", "hello", "--max-new-tokens", "4"])
     assert result.exit_code == 0, result.output
     assert "text" in json.loads(result.output)
+
+
+def test_version_from_the_module_and_the_script():
+    from workbench import __version__
+
+    out = subprocess.run([sys.executable, "-m", "workbench", "--version"], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == f"workbench {__version__}"
+
+
+def test_quiet_silences_every_progress_bar(monkeypatch):
+    import io
+    import os
+
+    from workbench.progress import progress_bar
+
+    monkeypatch.setenv("TQDM_DISABLE", "")  # restored after the test: --quiet sets it for the process
+    assert CliRunner().invoke(app, ["--quiet", "models"]).exit_code == 0
+    assert os.environ["TQDM_DISABLE"] == "1"
+    shown = io.StringIO()
+    assert list(progress_bar(range(2), disable=False, file=shown)) == [0, 1] and shown.getvalue() == ""

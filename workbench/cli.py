@@ -33,18 +33,35 @@ ParseSpecialOpt = Annotated[bool, typer.Option(
 _state = {"debug": False}
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        from workbench import __version__
+
+        typer.echo(f"workbench {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _root(
     debug: Annotated[bool, typer.Option("--debug", help="show tracebacks instead of one-line errors")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="log what happens")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars and no warnings (errors still print)")]
+    = False,
     progress_file: Annotated[Path | None, typer.Option(
         "--progress-file", help="also write each progress bar's state to this file (JSON), for programs to follow")] = None,
+    version: Annotated[bool, typer.Option("--version", callback=_show_version, is_eager=True,
+                                          help="print the version and exit")] = False,
 ):
+    import os
+
     from workbench.progress import report_to
 
     _state["debug"] = debug
+    if quiet:
+        os.environ["TQDM_DISABLE"] = "1"  # progress_bar reads it at every bar; child processes inherit it
     report_to(progress_file)
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    level = logging.ERROR if quiet else logging.INFO if verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
 
 
 def _load(model: str, model_path: Path | None, device: str, dtype: str, trust_remote_code: bool = False):
