@@ -32,12 +32,20 @@ def model_folder_name(name: str) -> str:
     return safe_name(str(name).replace("/", "--").replace("\\", "--"), "model name")
 
 
+def cache_root() -> Path:
+    """``$WORKBENCH_CACHE``, else the platform's user cache folder for workbench (platformdirs: on Linux
+    ``$XDG_CACHE_HOME/workbench``, by default ``~/.cache/workbench``)."""
+    from platformdirs import user_cache_dir
+
+    return Path(os.environ.get("WORKBENCH_CACHE") or user_cache_dir("workbench", appauthor=False))
+
+
 def cache_dir(*parts: str) -> Path:
-    """The user cache folder (``$WORKBENCH_CACHE`` or ``~/.cache/workbench``) or a folder in it, created on demand.
+    """The user cache folder (``cache_root``) or a folder in it, created on demand.
 
     Each part is one plain name (see ``safe_name``), so no part can point outside the cache.
     """
-    root = Path(os.environ.get("WORKBENCH_CACHE") or Path.home() / ".cache" / "workbench")
+    root = cache_root()
     path = root.joinpath(*(safe_name(part, "cache folder name") for part in parts))
     path.mkdir(parents=True, exist_ok=True)
     return path
