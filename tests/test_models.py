@@ -40,6 +40,39 @@ def test_missing_weights_offline_is_one_line(monkeypatch):
     assert "\n" not in message
 
 
+def test_hub_check_goes_through_urllib_so_proxies_count(monkeypatch):
+    import urllib.error
+    import urllib.request
+
+    from workbench.models import loading
+
+    asked = []
+
+    def answer(outcome):
+        def urlopen(request, timeout):
+            asked.append((request.get_method(), request.full_url))
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
+        return urlopen
+
+    class Response:
+        def close(self):
+            pass
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "https://hub.example")
+    monkeypatch.setattr(urllib.request, "urlopen", answer(Response()))
+    assert loading._hub_reachable() and asked == [("HEAD", "https://hub.example")]
+    monkeypatch.setattr(urllib.request, "urlopen", answer(urllib.error.HTTPError("u", 403, "no", {}, None)))
+    assert loading._hub_reachable()  # an answer, even a refusal, is a hub that is there
+    monkeypatch.setattr(urllib.request, "urlopen", answer(urllib.error.URLError("proxy refused")))
+    assert not loading._hub_reachable()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    asked.clear()
+    assert not loading._hub_reachable() and asked == []
+
+
 def test_tiny_is_deterministic_by_seed():
     a, b, c = (load_model("tiny", seed=s, device="cpu") for s in (0, 0, 1))
     tokens = a.to_tokens("hello")

@@ -284,17 +284,21 @@ def _load_hf(spec: ModelSpec, trust_remote_code: bool):
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:
-    """False when offline mode is set or the hub's host does not answer."""
-    import socket
-    from urllib.parse import urlparse
+    """False when offline mode is set or the hub does not answer an HTTP request. The request goes through
+    urllib, so ``HTTPS_PROXY`` / ``NO_PROXY`` are honoured as the hub client honours them; any HTTP answer,
+    an error status included, means the hub is there."""
+    import urllib.error
+    import urllib.request
 
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
         return False
-    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
     try:
-        socket.create_connection((host, 443), timeout=timeout).close()
+        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout).close()
         return True
-    except OSError:
+    except urllib.error.HTTPError:
+        return True
+    except (OSError, ValueError):  # URLError is an OSError; ValueError: an HF_ENDPOINT that is no URL
         return False
 
 
