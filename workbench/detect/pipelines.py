@@ -21,6 +21,7 @@ _FITTED = {  # the fitted attributes that make each allowed step usable after lo
             "n_components_", "n_features_in_", "n_samples_", "noise_variance_"),
     "LogisticRegression": ("coef_", "intercept_", "classes_", "n_features_in_", "n_iter_"),
     "ReferenceCloudDelta": ("reference_", "base_", "n_features_in_"),
+    "TokenProbe": ("mean_", "scale_", "direction_", "n_features_in_"),
 }
 
 
@@ -29,19 +30,24 @@ def _classes():
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
 
+    from workbench.detect.token_probe import TokenProbe
     from workbench.topology.prompt_views import ReferenceCloudDelta
 
     return {"StandardScaler": StandardScaler, "PCA": PCA, "LogisticRegression": LogisticRegression,
-            "ReferenceCloudDelta": ReferenceCloudDelta}
+            "ReferenceCloudDelta": ReferenceCloudDelta, "TokenProbe": TokenProbe}
 
 
-def make_pipeline(C: float = 1.0, pca: int | None = None, seed: int = 0, reference: dict | None = None):
-    """Optionally the change each row makes to a clean reference cloud's barcode (``reference``: its parameters),
-    then standardize, optionally project on ``pca`` principal components, then a logistic regression."""
+def make_pipeline(C: float = 1.0, pca: int | None = None, seed: int = 0, reference: dict | None = None,
+                  tokens: dict | None = None):
+    """Optionally the change each row makes to a clean reference cloud's barcode (``reference``: its parameters)
+    or the injected-token probe's top scores (``tokens``: its parameters), then standardize, optionally project
+    on ``pca`` principal components, then a logistic regression."""
     from sklearn.pipeline import Pipeline
 
     classes = _classes()
     steps = [("reference", classes["ReferenceCloudDelta"](**reference))] if reference is not None else []
+    if tokens is not None:
+        steps.append(("tokens", classes["TokenProbe"](**tokens)))
     steps.append(("scale", classes["StandardScaler"]()))
     if pca:
         steps.append(("pca", classes["PCA"](n_components=pca, random_state=seed)))
@@ -74,7 +80,8 @@ class Detector:
 
     def fit(self, X: np.ndarray, y: np.ndarray) -> Detector:
         self.pipeline = make_pipeline(self.settings.get("C", 1.0), self.settings.get("pca"),
-                                      reference=self.settings.get("reference")).fit(X, y)
+                                      reference=self.settings.get("reference"),
+                                      tokens=self.settings.get("tokens")).fit(X, y)
         return self
 
     def predict_proba(self, X: np.ndarray) -> np.ndarray:

@@ -1,0 +1,71 @@
+"""A probe trained on the injected tokens themselves, scored as the most injection-like tokens of a document.
+
+Pooled views (the document's mean and max, the last token) see an injection diluted in its document and learn
+the house style of the sources they are fitted on. Every source records where its insertion lies
+(``inserted_span``), so the probe can be told which tokens are injected: a mass-mean direction (the mean of
+the injected tokens minus the mean of every other document token, on standardized activations; the difference
+of class means generalizes better out of distribution than a fitted logistic direction on probing tasks) is
+fitted on the tokens of the training rows, and a prompt's features are the top of its tokens' scores along
+it: the maximum, the mean of the ``top`` highest, and the mean. Benign insertions of clean twins are negatives,
+so imperatives that belong to the document are what the direction learns to tell apart.
+
+Input rows are the ``doc_tokens`` view (``features.token_features``): ``tokens`` document tokens per prompt,
+each its activation (``width`` numbers) followed by two flags, valid and inserted. The inserted flag is read
+only in ``fit`` and only where the row is labelled injected; ``transform`` reads activations and validity, so
+a user's prompt (no flags) is scored as a training prompt is.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.base import BaseEstimator, TransformerMixin
+
+from workbench.errors import WorkbenchError
+
+
+class TokenProbe(TransformerMixin, BaseEstimator):
+    """``fit(X, y)`` learns the injected-token direction; ``transform(X)`` gives [max, top-k mean, mean] scores."""
+
+    def __init__(self, tokens: int = 64, top: int = 4):
+        self.tokens = tokens
+        self.top = top
+
+    def _split(self, X) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim != 2 or X.shape[1] % self.tokens or X.shape[1] // self.tokens < 3:
+            raise WorkbenchError(f"token probe input of shape {X.shape} is not {self.tokens} tokens of "
+                                 "(activation, valid, inserted) per row: compute the doc_tokens view")
+        T = X.reshape(len(X), self.tokens, -1)
+        return T[..., :-2], T[..., -2] > 0.5, T[..., -1] > 0.5
+
+    def fit(self, X, y):
+        acts, valid, inserted = self._split(X)
+        y = np.asarray(y).astype(bool)
+        positive = valid & inserted & y[:, None]
+        negative = valid & ~positive
+        if not positive.any() or not negative.any():
+            raise WorkbenchError("the token probe needs injected rows whose inserted tokens it can see "
+                                 "(an 'inserted_span' on the training records) and document tokens besides")
+        pos, neg = acts[positive], acts[negative]
+        every = np.concatenate([pos, neg])
+        self.mean_ = every.mean(0)
+        self.scale_ = every.std(0) + 1e-6
+        direction = ((pos - self.mean_) / self.scale_).mean(0) - ((neg - self.mean_) / self.scale_).mean(0)
+        self.direction_ = direction / (np.linalg.norm(direction) + 1e-12)
+        self.n_features_in_ = X.shape[1] if hasattr(X, "shape") else np.asarray(X).shape[1]
+        return self
+
+    def token_scores(self, X) -> tuple[np.ndarray, np.ndarray]:
+        """Each sampled token's score along the direction, and which tokens are real (not padding)."""
+        acts, valid, _ = self._split(X)
+        return ((acts - self.mean_) / self.scale_) @ self.direction_, valid
+
+    def transform(self, X):
+        scores, valid = self.token_scores(X)
+        ranked = np.sort(np.where(valid, scores, -np.inf), axis=1)[:, ::-1]
+        n = valid.sum(1)
+        k = np.minimum(self.top, np.maximum(n, 1))
+        top = np.array([ranked[i, : k[i]].mean() if n[i] else 0.0 for i in range(len(ranked))])
+        best = np.where(n > 0, ranked[:, 0], 0.0)
+        mean = np.where(n > 0, np.where(valid, scores, 0).sum(1) / np.maximum(n, 1), 0.0)
+        return np.c_[best, top, mean]
