@@ -242,6 +242,7 @@ def detect_eval_figure(result: dict, path) -> None:
         x = np.arange(len(names))
         auc = np.array([mine[n]["auc"] for n in names])
         err = np.array([[mine[n]["auc"] - mine[n]["auc_low"], mine[n]["auc_high"] - mine[n]["auc"]] for n in names]).T
+        err = np.clip(err, 0, None)  # an AUC of 1 - 1e-16 against a CI bound of 1.0 is no negative error bar
         ax.bar(x - 0.2, auc, 0.4, yerr=err, capsize=2, label="AUC (95% CI)")
         ax.bar(x + 0.2, [mine[n]["length_matched_auc"] for n in names], 0.4, label="length-matched AUC")
         ax.axhline(0.5, color="grey", lw=0.8, ls=":")

