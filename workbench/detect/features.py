@@ -6,7 +6,9 @@ token-level store is written: ``last`` (the last token, where the model answers 
 last-token activation of the whole prompt minus that of the same prompt with the document removed (the
 task alone), which asks "did reading the document change what the model is about to do?"; and, with
 ``topology``, ``doc_topology``: the ``TokenCloudBarcode`` of the document's token cloud at each layer (the
-clouds exist only during the pass; their size-invariant barcode features are what is kept).
+clouds exist only during the pass; their size-invariant barcode features are what is kept); and, with
+``tokens``, ``doc_tokens``: that many evenly spaced document tokens per prompt with their inserted flags, which the
+injected-token probe (``token_probe``) reads.
 
 The document is the record's ``span``; a record without one (a user's plain text) gets the heuristic
 ``document_span``: everything after the first blank line, else the whole text. Arrays are float32,
@@ -71,7 +73,8 @@ def features_key(model_identity: dict, records: list[dict], layers: list[int], m
 
 def activation_features(model, records: list[dict], layers: list[int], *, max_tokens: int = 512,
                         batch_size: int = 8, delta: bool = True, chat: bool = True, topology=None,
-                        cache: str | Path | None = None, progress: bool = True) -> dict[str, np.ndarray]:
+                        tokens: int | None = None, cache: str | Path | None = None,
+                        progress: bool = True) -> dict[str, np.ndarray]:
     """``{view: float32[n, len(layers), width]}`` for ``records`` (raw user turns; wrapped in the chat template
     when ``chat`` and the model has one), cached under ``cache`` when given. ``topology``: a ``TokenCloudBarcode``
     for the ``doc_topology`` view (None: no PH)."""
@@ -85,10 +88,12 @@ def activation_features(model, records: list[dict], layers: list[int], *, max_to
     if topology is not None:
         topology.fit()  # validates its parameters before any forward pass
     key = features_key(model_identity(model), records, layers, max_tokens, delta, chat, topology)
+    if tokens:  # the doc_tokens view from the same pass (see ``token_features``)
+        key = _tokens_key(key, tokens, records)
 
     def compute() -> dict[str, np.ndarray]:
         out = _pooled(model, records, layers, max_tokens, batch_size, chat, progress, with_doc=True,
-                      topology=topology)
+                      topology=topology, sample=tokens)
         if delta:
             alone = _pooled(model, [task_alone(r) for r in records], layers, max_tokens, batch_size, chat, progress,
                             with_doc=False, topology=None)
@@ -113,12 +118,16 @@ def token_features(model, records: list[dict], layers: list[int], *, tokens: int
                              f"0..{model.cfg.n_layers - 1}")
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
         raise WorkbenchError(f"tokens must be a positive integer, got {tokens!r}")
-    key = hashlib.sha256(json.dumps([features_key(model_identity(model), records, layers, max_tokens, False, chat),
-                                     "doc_tokens", tokens, [r.get("inserted_span") for r in records]],
-                                    default=str).encode()).hexdigest()[:16]
+    key = _tokens_key(features_key(model_identity(model), records, layers, max_tokens, False, chat), tokens, records)
     return _cached(Path(cache) / f"tokens-{key}.npz" if cache is not None else None,
                    lambda: {"doc_tokens": _pooled(model, records, layers, max_tokens, batch_size, chat, progress,
                                                   with_doc=True, sample=tokens)["doc_tokens"]})
+
+
+def _tokens_key(key: str, tokens: int, records: list[dict]) -> str:
+    """``key`` extended by what the doc_tokens view adds: its sample size and every record's inserted span."""
+    blob = [key, "doc_tokens", tokens, [r.get("inserted_span") for r in records]]
+    return hashlib.sha256(json.dumps(blob, default=str).encode()).hexdigest()[:16]
 
 
 def _cached(file: Path | None, compute) -> dict[str, np.ndarray]:

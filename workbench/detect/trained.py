@@ -161,18 +161,13 @@ def _views_of(blocks) -> set[str]:
 def features_for(model, records, layers, views: set[str], max_tokens: int, chat: bool, seed: int, cache=None,
                  progress: bool = True) -> dict[str, np.ndarray]:
     """The pooled features a detector reads (the delta pass and the barcodes only when its views need them)."""
-    from workbench.detect.features import activation_features, token_features
+    from workbench.detect.features import TOKEN_SAMPLE, activation_features
     from workbench.topology.prompt_views import TokenCloudBarcode
 
-    acts = {}
-    if views - {"doc_tokens", "text"}:  # the pooled views come from one pass; a token-only detector skips it
-        acts = activation_features(model, records, layers, max_tokens=max_tokens, delta="delta" in views, chat=chat,
-                                   topology=TokenCloudBarcode(seed=seed) if "doc_topology" in views else None,
-                                   cache=cache, progress=progress)
-    if "doc_tokens" in views:
-        acts.update(token_features(model, records, layers, max_tokens=max_tokens, chat=chat, cache=cache,
-                                   progress=progress))
-    return acts
+    # one pass for every view (the document's sampled tokens too), and the task-alone pass only for the delta
+    return activation_features(model, records, layers, max_tokens=max_tokens, delta="delta" in views, chat=chat,
+                               topology=TokenCloudBarcode(seed=seed) if "doc_topology" in views else None,
+                               tokens=TOKEN_SAMPLE if "doc_tokens" in views else None, cache=cache, progress=progress)
 
 
 def fit_detector(model, config: DetectorConfig, cache=None, progress: bool = True) -> dict:
