@@ -34,10 +34,11 @@ SOURCES = ("generator", "agentdojo", "garak")
 # generator to AgentDojo, both at layer 2) and their PH would take a third of the 3-minute training budget.
 # "span mean+max + keywords" joined after garak held out: the best mean (0.884) and worst (0.622) leave-one-source-out
 # AUC of any detector measured (studies/injection_detection/results/span-keywords).
-# "injected-token probe" joined next: the best worst-source AUC measured (0.775 vs 0.622; studies/injection_detection/
-# results/token-probe), at layer 18 of SmolLM2's 30, hence the deep candidate in ``default_layers``.
+# The injected-token probe (the best worst-source AUC in the study, 0.775, at layer 18) is not among them: with
+# layer 18 a candidate, training took 477 s (2.6x the budget) and auto still chose span + keywords (inner 0.894 vs
+# 0.862 for the token probe, which reads the heuristic document span here). Ask for it by name with --layer 18.
 AUTO = ("last-token probe", "document span mean+max", "TaskTracker delta", "delta + span mean + last",
-        "span mean+max + keywords", "injected-token probe")
+        "span mean+max + keywords")
 REQUIRED = ("format", "config", "model", "weights_sha256", "d_model", "layer", "pipeline", "threshold")
 
 
@@ -80,12 +81,12 @@ class DetectorConfig:
 
 
 def default_layers(model) -> list[int]:
-    """Candidate layers: two in the first seventh of the depth and one at three fifths. On SmolLM2
-    (studies/injection_detection) the document-span detectors are as good at layer 2 as deeper, and a forward that
-    stops at layer 4 scores quickly; the injected-token probe needs depth (leaving one source out, mean AUC 0.893
-    at layer 18 against 0.84-0.86 at layers 2-12, the held-out generator 0.78 against 0.58-0.74)."""
+    """Candidate layers: two in the first seventh of the depth. On SmolLM2 (studies/injection_detection, the
+    per-layer table) the document-span detector held out AUC 0.875 at layer 2 against 0.863-0.888 at layers
+    4-18 (leaving one source out), and a forward that stops at layer 4 is what lets scoring pass 10 prompts/s
+    and training stay within 3 minutes on 2 cores (with layer 18 a candidate: 477 s)."""
     n = model.cfg.n_layers
-    return sorted({max(1, n // 15), max(1, n // 7), (3 * n) // 5} & set(range(n)))
+    return sorted({max(1, n // 15), max(1, n // 7)} & set(range(n)))
 
 
 def model_identity(model) -> dict:
