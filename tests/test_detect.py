@@ -224,4 +224,4 @@ def test_token_features_sample_the_document_and_flag_only_the_insertion(tiny, tm
     assert (T[1, 0, :, -1] <= T[1, 0, :, -2]).all()
     again = token_features(tiny, [clean, injected], [1, 2], tokens=64, chat=False, cache=tmp_path, progress=False)
     np.testing.assert_array_equal(got["doc_tokens"], again["doc_tokens"])
-    assert len(list(tmp_path.glob("tokens-*.npz"))) == 1
+    assert len(list(tmp_path.glob("features-*.npz"))) == 1  # one cache entry, read back

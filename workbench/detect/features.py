@@ -85,6 +85,8 @@ def activation_features(model, records: list[dict], layers: list[int], *, max_to
     if bad or not layers:
         raise WorkbenchError(f"layers {bad or layers} out of range: {model.cfg.model_name} has layers "
                              f"0..{model.cfg.n_layers - 1}")
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+        raise WorkbenchError(f"tokens must be a positive integer, got {tokens!r}")
     if topology is not None:
         topology.fit()  # validates its parameters before any forward pass
     key = features_key(model_identity(model), records, layers, max_tokens, delta, chat, topology)
@@ -109,19 +111,13 @@ def token_features(model, records: list[dict], layers: list[int], *, tokens: int
     """``{"doc_tokens": float32[n, len(layers), tokens * (d_model + 2)]}``: ``tokens`` document tokens per prompt,
     evenly spaced over the document (all of them when it is shorter; padding rows are all zero), each its
     activation, a valid flag and an inserted flag (the token overlaps the record's ``inserted_span``; 0 for
-    records without one). Read by ``token_probe.TokenProbe``; cached like ``activation_features``."""
-    from workbench.detect.trained import model_identity
-
-    layers = [int(L) for L in layers]
-    if not layers or not all(0 <= L < model.cfg.n_layers for L in layers):
-        raise WorkbenchError(f"layers {layers} out of range: {model.cfg.model_name} has layers "
-                             f"0..{model.cfg.n_layers - 1}")
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
-        raise WorkbenchError(f"tokens must be a positive integer, got {tokens!r}")
-    key = _tokens_key(features_key(model_identity(model), records, layers, max_tokens, False, chat), tokens, records)
-    return _cached(Path(cache) / f"tokens-{key}.npz" if cache is not None else None,
-                   lambda: {"doc_tokens": _pooled(model, records, layers, max_tokens, batch_size, chat, progress,
-                                                  with_doc=True, sample=tokens)["doc_tokens"]})
+    records without one). Read by ``token_probe.TokenProbe``: ``activation_features`` without the delta pass or
+    the barcodes, for callers that hold the other views already (its own cache entry)."""
+    if tokens is None:
+        raise WorkbenchError("tokens must be a positive integer, got None")
+    return {"doc_tokens": activation_features(model, records, layers, max_tokens=max_tokens, batch_size=batch_size,
+                                              delta=False, chat=chat, tokens=tokens, cache=cache,
+                                              progress=progress)["doc_tokens"]}
 
 
 def _tokens_key(key: str, tokens: int, records: list[dict]) -> str:
@@ -170,24 +166,30 @@ def injection_in_view(model, records: list[dict], max_tokens: int, chat: bool) -
     seen = np.ones(len(records), dtype=bool)
     for i in truncated:
         r = records[i]
-        at = r.get("inserted_span")
-        if not at or at[1] <= at[0] or r.get("label") == "clean":
+        at = _inserted_at(r, shown[i])
+        if at is None or r.get("label") == "clean":
             continue
-        shift = shown[i]["span"][0] - document_span(r)[0]  # the chat template's text before the user turn
-        first = min(a for a, b in offsets[i] if b > a)
-        seen[i] = first <= int(at[0]) + shift
+        seen[i] = min(a for a, b in offsets[i] if b > a) <= at[0]
     return seen
+
+
+def _inserted_at(record: dict, shown: dict) -> tuple[int, int] | None:
+    """The record's non-empty ``inserted_span`` in the text the model reads (``shown``: the record as
+    ``shown_tokens`` wrapped it), or None."""
+    at = record.get("inserted_span")
+    if not at or at[1] <= at[0]:
+        return None
+    shift = shown["span"][0] - document_span(record)[0]  # the chat template's text before the user turn
+    return int(at[0]) + shift, int(at[1]) + shift
 
 
 def _inserted_masks(records, shown, offsets) -> list[np.ndarray]:
     """Per record, which of its read tokens overlap its ``inserted_span`` (none for a record without one)."""
     masks = []
     for r, s, offs in zip(records, shown, offsets, strict=True):
-        at, mask = r.get("inserted_span"), np.zeros(len(offs), dtype=bool)
-        if at and at[1] > at[0]:
-            shift = s["span"][0] - document_span(r)[0]  # the chat template's text before the user turn
-            start, end = int(at[0]) + shift, int(at[1]) + shift
-            mask[:] = [b > a and a < end and b > start for a, b in offs]
+        at, mask = _inserted_at(r, s), np.zeros(len(offs), dtype=bool)
+        if at is not None:
+            mask[:] = [b > a and a < at[1] and b > at[0] for a, b in offs]
         masks.append(mask)
     return masks
 
@@ -222,8 +224,9 @@ def _pooled(model, records, layers, max_tokens, batch_size, chat, progress, with
             doc = span_masks([offsets[r] for r in rows], [shown[r]["span"] for r in rows], lengths.tolist(),
                               tokens.device).float()
         got: dict[str, torch.Tensor] = {}
+        picks = [_spread(doc[j], sample) for j in range(len(rows))] if sample else None  # the same at every layer
 
-        def hook(act, hook, lengths=lengths, doc=doc, got=got):
+        def hook(act, hook, lengths=lengths, doc=doc, got=got, picks=picks):
             a = act.float()
             got[hook.name + ":last"] = a[torch.arange(len(a)), lengths.to(a.device) - 1]
             if doc is not None:
@@ -232,7 +235,7 @@ def _pooled(model, records, layers, max_tokens, batch_size, chat, progress, with
                 if clouds:
                     got[hook.name + ":clouds"] = [a[i][doc[i] > 0].cpu().numpy() for i in range(len(a))]
                 if sample:
-                    got[hook.name + ":tokens"] = [a[i][_spread(doc[i], sample)].cpu().numpy() for i in range(len(a))]
+                    got[hook.name + ":tokens"] = [a[i][picks[i]].cpu().numpy() for i in range(len(a))]
             if hook.name == deepest:
                 raise StopForward
 
@@ -245,7 +248,7 @@ def _pooled(model, records, layers, max_tokens, batch_size, chat, progress, with
                 out["doc_topology"][rows, i] = topology.transform(got[f"{site}:clouds"])
             if sample:
                 for j, r in enumerate(rows):
-                    picked = _spread(doc[j], sample).cpu().numpy()
+                    picked = picks[j].cpu().numpy()
                     n = len(picked)
                     out["doc_tokens"][r, i, :n, :d] = got[f"{site}:tokens"][j]
                     out["doc_tokens"][r, i, :n, d] = 1.0
