@@ -49,12 +49,17 @@ def test_scores_are_probabilities_reproducible_and_survive_the_json(tiny, detect
     np.testing.assert_allclose(b, c, atol=0)
 
 
-def test_a_fixed_detector_and_layer_are_honoured(tiny, tmp_path):
+@pytest.mark.parametrize("name, views", [("token-cloud barcode", ["doc_topology"]),
+                                         ("token probe + span + keywords", ["doc_max", "doc_mean", "doc_tokens", "text"])])
+def test_a_fixed_detector_and_layer_are_honoured(tiny, tmp_path, name, views):
     det = train_detector(tiny, DetectorConfig(model="tiny", n_pairs=14, max_tokens=512, layer=2, sources=["generator"],
-                                              detector="token-cloud barcode"), tmp_path, progress=False)
-    assert (det["pipeline"]["name"], det["layer"], det["views"]) == ("token-cloud barcode", 2, ["doc_topology"])
-    assert list(det["choice"]) == ["token-cloud barcode"]
-    assert score_prompts(tiny, det, RECORDS, progress=False).shape == (2,)
+                                              detector=name), tmp_path, progress=False)
+    assert (det["pipeline"]["name"], det["layer"], det["views"]) == (name, 2, views)
+    assert list(det["choice"]) == [name]
+    scores = score_prompts(tiny, det, RECORDS, progress=False)
+    assert scores.shape == (2,)
+    np.testing.assert_allclose(score_prompts(tiny, load_detector(tmp_path / "detector.json"), RECORDS, progress=False),
+                               scores, atol=1e-9)
 
 
 def test_cli_scores_and_reports_the_auc_of_a_labelled_file(tmp_path, detector):
@@ -205,6 +210,42 @@ def test_token_probe_learns_the_inserted_tokens_and_reads_no_label_when_scoring(
         TokenProbe(tokens=16).fit(X, np.zeros(80, int))
     with pytest.raises(WorkbenchError, match="doc_tokens view"):
         probe.transform(X[:, :-1])
+
+
+def test_fused_detector_averages_members_that_read_their_own_columns_and_round_trips():
+    from workbench.detect.metrics import auc
+    from workbench.detect.pipelines import Detector, resolve_settings
+
+    def rows(seed, n=400):
+        r = np.random.default_rng(seed)
+        y = r.integers(0, 2, n)
+        tokens, _ = _token_rows(r, n)  # the token block: injections visible to the probe ...
+        tokens = tokens.reshape(n, 16, -1)
+        tokens[..., -1] *= y[:, None]  # inserted flags only on injected rows
+        tokens[..., 0] = r.normal(size=(n, 16)) + 0.8 * y[:, None] * tokens[..., -1]
+        pooled = r.normal(size=(n, 5)) + 0.6 * y[:, None] * np.array([1, -1, 0, 0, 0])  # ... and a weak pooled cue
+        return {"doc_tokens": tokens.reshape(n, 1, -1), "doc_mean": 100 * pooled[:, None]}, y
+
+    acts, y = rows(0)
+    test, yt = rows(1)
+    blocks = [("doc_tokens", 0), ("doc_mean", 0)]
+    spec = {"C": 1.0, "members": [{"blocks": 1, "tokens": {"tokens": 16, "top": 2}}, {"blocks": 1}]}
+    settings = resolve_settings(spec, blocks, acts, {})
+    assert [m["columns"] for m in settings["members"]] == [[0, acts["doc_tokens"].shape[2]],
+                                                            [acts["doc_tokens"].shape[2], acts["doc_tokens"].shape[2] + 5]]
+    X = np.concatenate([acts["doc_tokens"][:, 0], acts["doc_mean"][:, 0]], axis=1)
+    Xt = np.concatenate([test["doc_tokens"][:, 0], test["doc_mean"][:, 0]], axis=1)
+    fused = Detector("f", blocks, settings=settings).fit(X, y)
+    alone = [Detector("a", blocks[:1], settings={"C": 1.0, "tokens": {"tokens": 16, "top": 2}}).fit(X[:, :-5], y),
+             Detector("b", blocks[1:], settings={"C": 1.0}).fit(X[:, -5:], y)]
+    a_fused = auc(yt, fused.predict_proba(Xt))
+    assert a_fused > max(auc(yt, alone[0].predict_proba(Xt[:, :-5])), auc(yt, alone[1].predict_proba(Xt[:, -5:])))
+    again = Detector.from_dict(json.loads(json.dumps(fused.to_dict())))
+    np.testing.assert_allclose(fused.predict_proba(Xt), again.predict_proba(Xt), atol=1e-12)
+    with pytest.raises(WorkbenchError, match="read 1 blocks"):
+        resolve_settings({"members": [{"blocks": 1}]}, blocks, acts, {})
+    with pytest.raises(WorkbenchError, match="resolve_settings"):
+        Detector("f", blocks, settings=spec).fit(X, y)
 
 
 def test_token_features_sample_the_document_and_flag_only_the_insertion(tiny, tmp_path):

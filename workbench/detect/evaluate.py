@@ -17,7 +17,7 @@ import numpy as np
 
 from workbench.detect import metrics
 from workbench.detect.features import TOKEN_SAMPLE
-from workbench.detect.pipelines import Detector, feature_matrix
+from workbench.detect.pipelines import Detector, feature_matrix, resolve_settings
 from workbench.errors import WorkbenchError
 
 LAYER = "layer"  # placeholder in a block: the layer chosen on the training groups
@@ -38,6 +38,11 @@ DETECTORS = {
     "span mean+max + keywords": ([("doc_mean", LAYER), ("doc_max", LAYER), ("text", "keywords")], {}),
     # a direction fitted on the inserted tokens themselves, read as the top of a document's token scores
     "injected-token probe": ([("doc_tokens", LAYER)], {"tokens": {"tokens": TOKEN_SAMPLE, "top": 4}}),
+    # late fusion (fusion.LogitMean): the token probe and span + keywords, each fitted on its own columns
+    "token probe + span + keywords": ([("doc_tokens", LAYER), ("doc_mean", LAYER), ("doc_max", LAYER),
+                                       ("text", "keywords")],
+                                      {"members": [{"blocks": 1, "tokens": {"tokens": TOKEN_SAMPLE, "top": 4}},
+                                                   {"blocks": 3}]}),
 }
 FPR_FOR_THRESHOLD = 0.05
 
@@ -68,13 +73,15 @@ def choose(template, acts, layers, text, y, groups, rows, seed: int = 0, fixed: 
     uses_layer = any(where == LAYER for _, where in template)
     best, per_layer = None, {}
     for layer in (layers if uses_layer else [None]):
-        X = feature_matrix(_blocks(template, layer), acts, layers, text)[rows]
+        blocks = _blocks(template, layer)
+        X = feature_matrix(blocks, acts, layers, text)[rows]
         for C in grid:
+            settings = resolve_settings({**fixed, "C": C}, blocks, acts, text)
             scores, oof = [], np.full(len(y), np.nan)
             for fit_rows, val_rows in _inner_folds(groups, seed):
                 if len(set(y[fit_rows])) < 2 or len(set(y[val_rows])) < 2:
                     continue
-                det = Detector("inner", [], settings={**fixed, "C": C}).fit(X[fit_rows], y[fit_rows])
+                det = Detector("inner", blocks, settings=settings).fit(X[fit_rows], y[fit_rows])
                 oof[val_rows] = det.predict_proba(X[val_rows])
                 scores.append(metrics.auc(y[val_rows], oof[val_rows]))
             mean = float(np.mean(scores)) if scores else -math.inf
@@ -97,8 +104,9 @@ def held_out_threshold(pick: dict, y: np.ndarray, fallback: np.ndarray) -> float
 
 def _fit_and_score(name, template, acts, layers, text, y, train, test, settings, layer):
     """(training scores, test scores) of the detector ``template`` at ``layer``, fitted on the ``train`` rows."""
-    X = feature_matrix(_blocks(template, layer), acts, layers, text)
-    det = Detector(name, _blocks(template, layer), settings=settings).fit(X[train], y[train])
+    blocks = _blocks(template, layer)
+    X = feature_matrix(blocks, acts, layers, text)
+    det = Detector(name, blocks, settings=resolve_settings(settings, blocks, acts, text)).fit(X[train], y[train])
     return det.predict_proba(X[train]), det.predict_proba(X[test])
 
 

@@ -183,7 +183,7 @@ def fit_detector(model, config: DetectorConfig, cache=None, progress: bool = Tru
         held_out_threshold,
     )
     from workbench.detect.features import text_features
-    from workbench.detect.pipelines import Detector, feature_matrix
+    from workbench.detect.pipelines import Detector, feature_matrix, resolve_settings
     from workbench.models import has_chat_template
 
     layer = resolve_layer(model, config.layer)
@@ -210,8 +210,8 @@ def fit_detector(model, config: DetectorConfig, cache=None, progress: bool = Tru
     template, fixed = DETECTORS[name]
     pick = picks[name]
     blocks = _blocks(template, pick["layer"])
-    settings = fit_settings(fixed, pick["C"])
     X = feature_matrix(blocks, acts, layers, text)
+    settings = resolve_settings(fit_settings(fixed, pick["C"]), blocks, acts, text)
     det = Detector(name, blocks, settings=settings).fit(X, y)
     s = det.predict_proba(X)
     threshold = held_out_threshold(pick, y, s)
