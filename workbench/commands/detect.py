@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from workbench.detect.trained import (
+    AUTO,
     REQUIRED,
     SOURCES,
     DetectorConfig,
@@ -91,6 +92,9 @@ def trained_or_loaded(model, config: DetectorConfig, folder: Path, train: bool =
     detector = load_detector(path)
     check_detector(model, detector, config.layer)
     trained = detector["config"]
+    if config.detector == "auto" == trained.get("detector") and set(detector.get("choice") or ()) != set(AUTO):
+        raise WorkbenchError(f"the detector in {folder} was chosen among {', '.join(detector.get('choice') or ())}; "
+                             "this workbench's auto chooses among more: pass --train to refit it")
     for key, (option, value) in (asked or {}).items():
         if value is not None and trained.get(key) != value:
             shown = ",".join(trained.get(key)) if isinstance(trained.get(key), list) else trained.get(key)

@@ -37,8 +37,10 @@ SOURCES = ("generator", "agentdojo", "garak")
 # The injected-token probe (the best worst-source AUC in the study, 0.775, at layer 18) is not among them: with
 # layer 18 a candidate, training took 477 s (2.6x the budget) and auto still chose span + keywords (inner 0.894 vs
 # 0.862 for the token probe, which reads the heuristic document span here). Ask for it by name with --layer 18.
+# The late fusion of the token probe with span + keywords joined when it became the first detector over the
+# issue's AUC bars leaving one source out (0.915 mean, 0.907 length-matched, at layer 18; results/fused).
 AUTO = ("last-token probe", "document span mean+max", "TaskTracker delta", "delta + span mean + last",
-        "span mean+max + keywords")
+        "span mean+max + keywords", "token probe + span + keywords")
 REQUIRED = ("format", "config", "model", "weights_sha256", "d_model", "layer", "pipeline", "threshold")
 
 
@@ -81,12 +83,12 @@ class DetectorConfig:
 
 
 def default_layers(model) -> list[int]:
-    """Candidate layers: two in the first seventh of the depth. On SmolLM2 (studies/injection_detection, the
-    per-layer table) the document-span detector held out AUC 0.875 at layer 2 against 0.863-0.888 at layers
-    4-18 (leaving one source out), and a forward that stops at layer 4 is what lets scoring pass 10 prompts/s
-    and training stay within 3 minutes on 2 cores (with layer 18 a candidate: 477 s)."""
+    """Candidate layers: two in the first seventh of the depth and one at three fifths. On SmolLM2
+    (studies/injection_detection, the per-layer tables) the pooled span detectors held out 0.87-0.88 at layers 2-4,
+    where a short forward keeps scoring fast, and the token probe and its fusion need depth: 0.79-0.87 at layers
+    2-6 against 0.89-0.92 at layer 18 (3/5 of 30)."""
     n = model.cfg.n_layers
-    return sorted({max(1, n // 15), max(1, n // 7)} & set(range(n)))
+    return sorted({max(1, n // 15), max(1, n // 7), (3 * n) // 5} & set(range(n)))
 
 
 def model_identity(model) -> dict:
