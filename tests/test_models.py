@@ -9,13 +9,18 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):\n    return", "Once up
 
 
 def test_registry_names_and_aliases():
-    for name in ["smollm2-135m", "gemma3-270m", "tiny", "llama-8b", "llama-70b", "gemma2-9b", "gpt2", "pythia-70m"]:
+    for name in ["smollm2-135m", "gemma3-270m", "tiny", "llama-8b", "llama-70b", "gemma2-9b", "gpt2", "pythia-70m-deduped"]:
         assert name in REGISTRY
     assert resolve("default").name == "smollm2-135m"
     assert resolve(None).name == "smollm2-135m"
     assert resolve("llama-8b").hf_id == "meta-llama/Llama-3.1-8B-Instruct"
     spec = resolve("someorg/some-model")
     assert spec.source == "hf" and spec.hf_id == "someorg/some-model"
+    # TransformerLens's own names and aliases mean what they mean there
+    assert (resolve("gpt2-small").hf_id, resolve("gpt2-small").tl_name) == ("gpt2", "gpt2")
+    assert resolve("pythia-70m").hf_id == "EleutherAI/pythia-70m"
+    assert resolve("Pythia-70M-deduped").hf_id == "EleutherAI/pythia-70m-deduped"
+    assert resolve("gpt2-medium").source == "hf" and resolve("gpt2-medium").tl_name == "gpt2-medium"
 
 
 def test_unknown_model_is_one_clear_line():

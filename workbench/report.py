@@ -13,7 +13,7 @@ import json
 import platform
 from pathlib import Path
 
-from workbench.io import write_json_atomic
+from workbench.io import write_json_atomic, write_text_atomic
 
 
 @functools.cache
@@ -56,6 +56,13 @@ def versions() -> dict:
     return out
 
 
+def write_figure(path: str | Path, figure) -> Path:
+    """One plotly figure as a standalone page with plotly.js embedded, written atomically: it opens offline
+    (a CDN script renders a blank page without a network)."""
+    write_text_atomic(Path(path), figure.to_html(include_plotlyjs=True, full_html=True))
+    return Path(path)
+
+
 def write_html(path: str | Path, title: str, sections: list[tuple[str, object]], intro: str = "") -> Path:
     """One page: a title, an intro paragraph, then (heading, plotly figure or HTML string) sections."""
     path = Path(path)
@@ -69,14 +76,12 @@ def write_html(path: str | Path, title: str, sections: list[tuple[str, object]],
     for heading, body in sections:
         parts.append(f"<h2>{html.escape(heading)}</h2>")
         if hasattr(body, "to_html"):
-            parts.append(body.to_html(full_html=False, include_plotlyjs="inline" if first else False))
+            parts.append(body.to_html(full_html=False, include_plotlyjs=first))  # embedded once, offline
             first = False
         else:
             parts.append(str(body))
     parts.append("</body></html>")
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("\n".join(parts), encoding="utf-8")
-    tmp.replace(path)
+    write_text_atomic(path, "\n".join(parts))
     return path
 
 
@@ -96,4 +101,4 @@ def html_table(rows: list[dict], columns: list[str] | None = None, digits: int =
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-__all__ = ["html_table", "versions", "write_html", "write_json_atomic"]
+__all__ = ["html_table", "versions", "write_figure", "write_html", "write_json_atomic"]

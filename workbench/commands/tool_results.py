@@ -30,7 +30,7 @@ def write_tool_results(out, rows: list[dict], config: dict | None, caption: str,
     import torch
 
     from workbench.data.corpus import corpus_manifest
-    from workbench.report import versions
+    from workbench.report import versions, write_figure
     from workbench.tools.drift import drift_figure, has_drift
 
     folder = Path(out)
@@ -42,7 +42,7 @@ def write_tool_results(out, rows: list[dict], config: dict | None, caption: str,
               "corpus": None if source else corpus_manifest(), "rows": rows}
     write_text_atomic(folder / "results.json", json.dumps(record, indent=2))
     write_text_atomic(folder / "results.md", caption + "\n\n" + markdown_table(rows, columns, digits))
-    write_text_atomic(folder / "figure.html", figure.to_html(include_plotlyjs="cdn"))
+    write_figure(folder / "figure.html", figure)
     if drift is not None and has_drift(rows):
-        write_text_atomic(folder / "drift.html", drift_figure(rows, *drift).to_html(include_plotlyjs="cdn"))
+        write_figure(folder / "drift.html", drift_figure(rows, *drift))
     return folder

@@ -67,6 +67,7 @@ def run_topology_file(
     longest finite bar per dimension, error bound, timings, file paths) for the CLI to print.
     Every argument is checked before anything is computed or written.
     """
+    from workbench.report import write_figure
     from workbench.topology.persistence import rips_persistence
     from workbench.topology.plots import diagram_figure
     from workbench.topology.validate import as_points
@@ -88,7 +89,7 @@ def run_topology_file(
     title = f"{name}: Rips H0-H{result.maxdim}, {metric}, {result.n_points} points"
     if result.landmarks is not None:
         title += f" ({len(result.landmarks)} landmarks, bottleneck error <= {result.bottleneck_bound:.3g})"
-    write_text_atomic(html_path, diagram_figure(result, title).to_html(include_plotlyjs=True))
+    write_figure(html_path, diagram_figure(result, title))
     dims = {}
     for dim, d in enumerate(result.dgms):
         fin = d[np.isfinite(d[:, 1])]

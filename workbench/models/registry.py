@@ -119,8 +119,8 @@ REGISTRY: dict[str, ModelSpec] = {
             description="needs the weights (HF cache or --model-path)",
         ),
         ModelSpec("gpt2", "hf", hf_id="gpt2", tl_name="gpt2", description="GPT-2 small; SAELens releases exist"),
-        ModelSpec(
-            "pythia-70m",
+        ModelSpec(  # TransformerLens's name for it; its "pythia-70m" is the non-deduped model (resolved below)
+            "pythia-70m-deduped",
             "hf",
             hf_id="EleutherAI/pythia-70m-deduped",
             tl_name="EleutherAI/pythia-70m-deduped",
@@ -161,19 +161,24 @@ def resolve(name: str | None = None, model_path: str | Path | None = None) -> Mo
     if path.exists():
         return resolve(path.name, model_path=path)
     if "/" in name and not name.startswith((".", "/", "~")):
-        return ModelSpec(name, "hf", hf_id=name, tl_name=_official_tl_name(name))
+        return ModelSpec(name, "hf", hf_id=name, tl_name=_transformer_lens_alias(name))  # config known offline
+    official = _transformer_lens_alias(name)
+    if official is not None:  # as TransformerLens spells it: gpt2-small, pythia-70m, gpt2-medium, ...
+        return ModelSpec(name, "hf", hf_id=official, tl_name=official)
     known = ", ".join(sorted(REGISTRY) + sorted(derived_models()))
     raise WorkbenchError(
-        f"unknown model {name!r}: use one of {known}, a Hugging Face id (org/name), or a local folder/.gguf path"
+        f"unknown model {name!r}: use one of {known}, a TransformerLens model name, a Hugging Face id (org/name), "
+        "or a local folder/.gguf path"
     )
 
 
-def _official_tl_name(hf_id: str) -> str | None:
-    """The TransformerLens official name for ``hf_id`` if it has one (its config is then known offline)."""
-    from transformer_lens.loading_from_pretrained import OFFICIAL_MODEL_NAMES
+def _transformer_lens_alias(name: str) -> str | None:
+    """The official TransformerLens (and Hugging Face) name that ``name`` is or is an alias of, or None."""
+    from transformer_lens.loading_from_pretrained import MODEL_ALIASES, OFFICIAL_MODEL_NAMES
 
-    lower = {n.lower(): n for n in OFFICIAL_MODEL_NAMES}
-    return lower.get(hf_id.lower())
+    names = {n.lower(): n for n in OFFICIAL_MODEL_NAMES}
+    names.update({alias.lower(): official for official, aliases in MODEL_ALIASES.items() for alias in aliases})
+    return names.get(name.lower())
 
 
 def embedded_gguf(spec: ModelSpec) -> Path:
