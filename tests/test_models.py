@@ -68,14 +68,14 @@ def test_hub_check_goes_through_urllib_so_proxies_count(monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setenv("HF_ENDPOINT", "https://hub.example")
     monkeypatch.setattr(urllib.request, "urlopen", answer(Response()))
-    assert loading._hub_reachable() and asked == [("HEAD", "https://hub.example")]
+    assert loading.hub_reachable() and asked == [("HEAD", "https://hub.example")]
     monkeypatch.setattr(urllib.request, "urlopen", answer(urllib.error.HTTPError("u", 403, "no", {}, None)))
-    assert loading._hub_reachable()  # an answer, even a refusal, is a hub that is there
+    assert loading.hub_reachable()  # an answer, even a refusal, is a hub that is there
     monkeypatch.setattr(urllib.request, "urlopen", answer(urllib.error.URLError("proxy refused")))
-    assert not loading._hub_reachable()
+    assert not loading.hub_reachable()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     asked.clear()
-    assert not loading._hub_reachable() and asked == []
+    assert not loading.hub_reachable() and asked == []
 
 
 def test_tiny_is_deterministic_by_seed():

@@ -222,3 +222,36 @@ def test_load_sae_checks_model_site(tiny, trained):
 
     sae, out, _ = trained
     assert load_sae(out, model=tiny).cfg.d_sae == 128
+
+
+def test_load_sae_names_a_bad_config_takes_the_site_and_fails_fast_offline(tiny, trained, tmp_path, monkeypatch):
+    import shutil
+
+    import workbench.models.loading as loading
+    from workbench.sae.load import load_sae
+
+    _, out, _ = trained
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    cfg = json.loads((bad / "cfg.json").read_text())
+    (bad / "cfg.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "d_in"}))
+    with pytest.raises(WorkbenchError, match=r"cfg.json is not a loadable SAELens SAE config \(") as e:
+        load_sae(bad)
+    assert "\n" not in str(e.value)
+    # no hook recorded: the error says to pass the site, and passing it works
+    plain = tmp_path / "plain"
+    shutil.copytree(out, plain)
+    cfg.setdefault("metadata", {})["hook_name"] = None
+    cfg.pop("hook_name", None)
+    (plain / "cfg.json").write_text(json.dumps(cfg))
+    if load_sae(plain).cfg.metadata.hook_name is None:
+        with pytest.raises(WorkbenchError, match="site="):
+            load_sae(plain, model=tiny)
+    sae = load_sae(plain, model=tiny, site=SITE)
+    assert sae.cfg.metadata.hook_name == SITE
+    with pytest.raises(WorkbenchError, match="blocks.9.hook_resid_post"):
+        load_sae(plain, model=tiny, site="blocks.9.hook_resid_post")  # the tiny model has 4 layers
+    # a known release with the hub unreachable: one line at once, no retries
+    monkeypatch.setattr(loading, "hub_reachable", lambda timeout=3.0: False)
+    with pytest.raises(WorkbenchError, match="not in the Hugging Face cache and the hub is unreachable"):
+        load_sae("gpt2-small-resid-post-v5-32k", "blocks.0.hook_resid_post")

@@ -268,7 +268,7 @@ def _load_hf(spec: ModelSpec, trust_remote_code: bool):
     where = spec.path or spec.hf_id
     # The local cache first; the hub only when it answers, so an offline machine fails in a second, not
     # after minutes of retries.
-    local_only = bool(spec.path) or not _hub_reachable()
+    local_only = bool(spec.path) or not hub_reachable()
     try:
         tokenizer = AutoTokenizer.from_pretrained(
             where, trust_remote_code=trust_remote_code, local_files_only=local_only
@@ -283,7 +283,7 @@ def _load_hf(spec: ModelSpec, trust_remote_code: bool):
     return model, {"weights_sha256": revision or "unknown", "cached": False}
 
 
-def _hub_reachable(timeout: float = 3.0) -> bool:
+def hub_reachable(timeout: float = 3.0) -> bool:
     """False when offline mode is set or the hub does not answer an HTTP request. The request goes through
     urllib, so ``HTTPS_PROXY`` / ``NO_PROXY`` are honoured as the hub client honours them; any HTTP answer,
     an error status included, means the hub is there."""

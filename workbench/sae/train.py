@@ -516,7 +516,8 @@ def check_site_matches(model, sae, site: str | None = None) -> str:
 
     site = site or sae.cfg.metadata.hook_name
     if not site:
-        raise WorkbenchError("the SAE records no hook_name: pass the site it was trained on")
+        raise WorkbenchError("the SAE records no hook_name: pass the site it was trained on "
+                             "(load_sae(..., site='blocks.6.hook_resid_post'))")
     check_sites(model, [site])
     width = site_width(model, site)
     if sae.cfg.d_in != width:
