@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -75,6 +76,20 @@ def test_version_from_the_module_and_the_script():
 
     out = subprocess.run([sys.executable, "-m", "workbench", "--version"], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == f"workbench {__version__}"
+
+
+def test_shell_completion_completes_commands_and_options():
+    import os
+    import shutil
+
+    script = shutil.which("workbench", path=str(Path(sys.executable).parent)) or "workbench"
+    env = {**os.environ, "_WORKBENCH_COMPLETE": "complete_bash", "COMP_WORDS": "workbench det", "COMP_CWORD": "1"}
+    out = subprocess.run([script], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.split() == ["detect"]
+    env.update(COMP_WORDS="workbench detect --pro", COMP_CWORD="2")
+    assert subprocess.run([script], capture_output=True, text=True, env=env, check=True).stdout.split() == ["--prompts"]
+    shown = CliRunner().invoke(app, ["--show-completion", "bash"])
+    assert shown.exit_code == 0 and "complete" in shown.output
 
 
 def test_quiet_silences_every_progress_bar(monkeypatch):

@@ -16,7 +16,7 @@ from workbench.errors import WorkbenchError
 app = typer.Typer(
     help="Interpretability workbench: capture activations, persistent homology, SAEs, model tools.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish, PowerShell
     pretty_exceptions_enable=False,
 )
 
