@@ -44,6 +44,28 @@ def test_capture_command_on_tiny(tmp_path):
     assert manifest["sites"] == ["blocks.1.hook_mlp_out", "blocks.0.hook_resid_post", "blocks.3.hook_resid_post"]
 
 
+def test_json_replaces_the_table_of_every_table_command(tmp_path):
+    import numpy as np
+
+    models = json.loads(runner.invoke(app, ["models", "--json"]).stdout)
+    assert {m["name"] for m in models} >= {"smollm2-135m", "tiny"} and sum(m["default"] for m in models) == 1
+    sites = json.loads(runner.invoke(app, ["sites", "--model", "tiny", "--contains", "resid_post", "--json"]).stdout)
+    assert sites == [f"blocks.{i}.hook_resid_post" for i in range(4)]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"text": f"prompt {i}"}) for i in range(3)))
+    result = runner.invoke(app, ["capture", "--model", "tiny", "--prompts", str(prompts), "--layers", "1",
+                                 "--out", str(tmp_path / "s"), "--json"])
+    assert result.exit_code == 0, result.output
+    store = json.loads(result.stdout)
+    assert (store["rows"], store["sites"]["blocks.1.hook_resid_post"]["shape"]) == (3, [3, 64])
+    angles = np.linspace(0, 2 * np.pi, 40, endpoint=False)
+    np.save(tmp_path / "circle.npy", np.c_[np.cos(angles), np.sin(angles)])
+    result = runner.invoke(app, ["topology", "--points", str(tmp_path / "circle.npy"), "--out", str(tmp_path / "o"),
+                                 "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["dims"]["H1"]["bars"] == 1
+
+
 def test_user_errors_are_one_line_with_exit_code_2(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "workbench.cli", "capture", "--model", "nonsense",
                            "--prompts", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "s")],

@@ -76,6 +76,12 @@ def test_cli_scores_and_reports_the_auc_of_a_labelled_file(tmp_path, detector):
     assert [r["label"] for r in rows] == ["injected", "clean"] and "text" not in rows[0]
     assert all(r["flagged"] == (r["score"] > det["threshold"]) for r in rows)
     assert "AUC against the file's labels" in result.output
+    as_json = CliRunner().invoke(app, ["detect", "--model", "tiny", "--prompts", str(prompts), "--detector-dir", str(out),
+                                       "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    got = json.loads(as_json.stdout)
+    assert (got["scored"], got["trained_now"], got["flagged"]) == (2, False, sum(r["flagged"] for r in rows))
+    assert got["auc"] is not None and 0 <= got["auc"] <= 1
     long = {"text": RECORDS[0]["text"] + "\n\n" + "the quarterly numbers are attached. " * 16, "label": "clean"}
     prompts.write_text(json.dumps(long) + "\n")  # longer than the context, and one class
     result = CliRunner().invoke(app, ["detect", "--model", "tiny", "--prompts", str(prompts),

@@ -26,6 +26,7 @@ ModelPathOpt = Annotated[
 ]
 DeviceOpt = Annotated[str, typer.Option(help="auto (CUDA when present), cpu, cuda, cuda:1, mps")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="model dtype: float32, bfloat16, float16")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print the result as JSON (stdout) instead of a table")]
 ParseSpecialOpt = Annotated[bool, typer.Option(
     "--parse-special", help="treat control-token strings in the text (<|im_start|>...) as control tokens; by "
                             "default text is text and only the chat template's markup is")]
@@ -84,10 +85,14 @@ def _parse_layers(text: str | None, option: str = "--layers") -> list[int] | Non
 
 
 @app.command()
-def models():
+def models(as_json: JsonOpt = False):
     """List the model registry (embedded models load offline; others need their weights)."""
+    from dataclasses import asdict
+
     from workbench.models.registry import DEFAULT_MODEL, REGISTRY
 
+    if as_json:
+        return _echo_json([{**asdict(spec), "default": spec.name == DEFAULT_MODEL} for spec in REGISTRY.values()])
     for spec in REGISTRY.values():
         default = " (default)" if spec.name == DEFAULT_MODEL else ""
         target = f" -> {spec.hf_id}" if spec.source == "hf" else ""
@@ -102,12 +107,15 @@ def sites(
     model_path: ModelPathOpt = None,
     contains: Annotated[str, typer.Option(help="only names containing this text")] = "",
     device: DeviceOpt = "cpu",
+    as_json: JsonOpt = False,
 ):
     """List a model's hook sites (TransformerLens names such as blocks.3.hook_resid_post)."""
     hooked = _load(model, model_path, device, "float32")
-    for name in hooked.hook_dict:
-        if contains in name:
-            typer.echo(name)
+    names = [name for name in hooked.hook_dict if contains in name]
+    if as_json:
+        return _echo_json(names)
+    for name in names:
+        typer.echo(name)
 
 
 @app.command()
@@ -129,6 +137,7 @@ def capture(
     overwrite: bool = False,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "float32",
+    as_json: JsonOpt = False,
 ):
     """Capture activations at named sites into an ActivationStore (safetensors shards + manifest)."""
     from workbench.capture import capture as run_capture
@@ -142,19 +151,27 @@ def capture(
         records = [chat_record(hooked, r) for r in records]
     store = run_capture(hooked, records, names, out, positions=positions, batch_size=batch_size,
                         max_tokens=max_tokens, dtype=store_dtype, overwrite=overwrite, parse_special=parse_special)
-    _print_store(store)
+    summary = _store_summary(store)
+    if as_json:
+        return _echo_json(summary)
+    typer.echo(f"store {summary['path']}: model {summary['model']}, {summary['rows']}/{summary['prompts']} rows, "
+               f"positions {summary['positions']}, {summary['shards']} shard(s)")
+    for site, row in summary["sites"].items():
+        typer.echo(f"  {site:<32} shape {tuple(row['shape'])}  mean L2 norm {row['mean_l2_norm']:.3f}")
+    if summary["truncated_rows"]:
+        typer.echo(f"  {summary['truncated_rows']} prompt(s) were left-truncated to {summary['max_tokens']} tokens")
 
 
-def _print_store(store) -> None:
+def _store_summary(store) -> dict:
     m = store.manifest
-    typer.echo(f"store {store.path}: model {m['model']}, {store.n_rows}/{m['n_prompts']} rows, "
-               f"positions {m['positions']}, {len(m['shards'])} shard(s)")
+    sites = {}
     for site in store.sites:
         values = store.get(site)
         norms = values.float().norm(dim=-1) if values.ndim == 2 else values.float().flatten(1).norm(dim=-1)
-        typer.echo(f"  {site:<32} shape {tuple(values.shape)}  mean L2 norm {norms.mean():.3f}")
-    if m.get("truncated_rows"):
-        typer.echo(f"  {len(m['truncated_rows'])} prompt(s) were left-truncated to {m['max_tokens']} tokens")
+        sites[site] = {"shape": list(values.shape), "mean_l2_norm": float(norms.mean())}
+    return {"path": str(store.path), "model": m["model"], "rows": store.n_rows, "prompts": m["n_prompts"],
+            "positions": m["positions"], "shards": len(m["shards"]), "sites": sites,
+            "truncated_rows": len(m.get("truncated_rows") or []), "max_tokens": m.get("max_tokens")}
 
 
 @app.command()
@@ -174,6 +191,7 @@ def probe(
     batch_size: int = 8,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "float32",
+    as_json: JsonOpt = False,
 ):
     """Clean vs adversarial activations, layer by layer: persistent homology, statistics, probes, report."""
     from dataclasses import replace
@@ -206,6 +224,9 @@ def probe(
         key = config.key(hooked.workbench.get("weights_sha256"))
         out = cache_dir("runs") / f"probe-{model_folder_name(hooked.workbench['name'])}{'-quick' if quick else ''}-{key}"
     report = run_probe(hooked, config, out, overwrite=overwrite)
+    if as_json:
+        return _echo_json({"report": str(Path(out) / "report.json"), "html": str(Path(out) / "report.html"),
+                           "summary": summary_table(report)})
     typer.echo(f"{'cond':<10}{'layer':>5}{'AUC PH':>8}{'AUC probe':>10}{'g h0death':>10}{'g h1count':>10}"
                f"{'g h1life':>9}{'g h1ent':>8}{'moved':>6}{'sig':>4}")
     for r in summary_table(report):
@@ -240,6 +261,7 @@ def detect(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "float32",
     seed: Annotated[int | None, typer.Option(help="seed of the training prompts (default 0)")] = None,
+    as_json: JsonOpt = False,
 ):
     """Score prompts for injection with a detector chosen and fitted on real and generated sources.
 
@@ -268,19 +290,24 @@ def detect(
     asked = {"n_pairs": ("--pairs", pairs), "seed": ("--seed", seed), "sources": ("--sources", asked_sources),
              "detector": ("--detector", None if detector == "auto" else detector)}
     trained_detector, trained = trained_or_loaded(hooked, config, folder, train=train, asked=asked)
-    if trained:
-        typer.echo(summary_line(trained_detector))
-        typer.echo(f"saved {Path(folder) / 'detector.json'}")
+    result = {"detector": str(Path(folder) / "detector.json"), "trained_now": trained,
+              "summary": summary_line(trained_detector)}
+    if trained and not as_json:
+        typer.echo(result["summary"])
+        typer.echo(f"saved {result['detector']}")
     if records is None:
-        return
+        return _echo_json(result) if as_json else None
     rows = score_file(hooked, trained_detector, records, out, chat=chat)
     flagged = sum(r["flagged"] for r in rows)
-    typer.echo(f"scored {len(rows)} prompts ({flagged} flagged) -> {out}")
     cut = sum(r["truncated"] for r in rows)
+    got = labelled_auc(rows)
+    if as_json:
+        return _echo_json({**result, "scores": str(out), "scored": len(rows), "flagged": flagged, "truncated": cut,
+                           "auc": None if got is None or math.isnan(got[0]) else got[0]})
+    typer.echo(f"scored {len(rows)} prompts ({flagged} flagged) -> {out}")
     if cut:
         typer.echo(f"{cut} prompts were longer than {trained_detector['config']['max_tokens']} tokens: each was "
                    "scored on its last tokens, as the detector was trained ('truncated' in the scores)")
-    got = labelled_auc(rows)
     if got is not None and math.isnan(got[0]):
         typer.echo(f"no AUC: every label in the file is of one class ({got[1]} prompts); an AUC needs both")
     elif got is not None:
@@ -305,6 +332,7 @@ def detect_eval(
     detectors: Annotated[str | None, typer.Option(
         help="comma-separated detector names to measure (default: every one; names as in the table)")] = None,
     seed: Annotated[int, typer.Option(help="seed of the prompt sets and the bootstrap")] = 0,
+    as_json: JsonOpt = False,
 ):
     """Leave-one-source-out (or -family-out) AUCs of every detector and baseline; everything is chosen on the
     training sources only."""
@@ -315,12 +343,15 @@ def detect_eval(
     result = run_detect_eval(model, sources=tuple(_split(sources)), n_pairs=pairs, layers=_parse_layers(layers),
                              split=split, n_boot=boot, dtype=dtype, train_on=_split(train_on) or None,
                              detectors=_split(detectors) or None, seed=seed)
+    written = write_detect_eval(result, out) if out is not None else None
+    if as_json:
+        return _echo_json({"summary": result["summary"], "results": None if written is None else str(written)})
     typer.echo(f"{'detector':<28}{'mean AUC':>9}{'min AUC':>9}{'len-matched':>12}{'TPR@5%':>8}{'near-miss FP':>13}")
     for r in result["summary"]:
         typer.echo(f"{r['detector']:<28}{r['mean_auc']:>9.3f}{r['min_auc']:>9.3f}{r['mean_length_matched_auc']:>12.3f}"
                    f"{r['mean_tpr_at_5pct_fpr']:>8.3f}{r['near_miss_fpr']:>13.3f}")
-    if out is not None:
-        typer.echo(f"results: {write_detect_eval(result, out)}")
+    if written is not None:
+        typer.echo(f"results: {written}")
 
 
 @app.command()
@@ -331,11 +362,14 @@ def topology(
     metric: Annotated[str, typer.Option(help="euclidean | cosine")] = "euclidean",
     landmarks: Annotated[int | None, typer.Option(help="maxmin landmarks (error bound reported)")] = None,
     thresh: Annotated[float | None, typer.Option(help="largest filtration value (sparse Rips)")] = None,
+    as_json: JsonOpt = False,
 ):
     """Vietoris-Rips persistence of a point cloud: diagrams as JSON (inf deaths as null) and a plot."""
     from workbench.commands.topology import run_topology_file
 
     summary = run_topology_file(points, maxdim=maxdim, metric=metric, landmarks=landmarks, thresh=thresh, out=out)
+    if as_json:
+        return _echo_json(summary)
     used = f" ({summary['n_used']} landmarks, bottleneck error <= {summary['bottleneck_bound']:.3g})" \
         if summary["n_used"] != summary["n_points"] else ""
     typer.echo(f"{summary['n_points']} points{used}, {summary['backend']}, {summary['seconds']} s")
@@ -544,6 +578,7 @@ def study_run(
     retries: Annotated[int, typer.Option(help="retries of a failed job before it is reported")] = 1,
     out: Annotated[Path | None, typer.Option(help="results folder (default: results/ beside the config)")] = None,
     quick: Annotated[bool, typer.Option(help="apply the config's `quick` overrides (minutes, not hours)")] = False,
+    as_json: JsonOpt = False,
 ):
     """Run every job of a study not already cached; write results.csv, results.json and the study's figures."""
     from workbench.commands.study import run_study, write_results
@@ -554,7 +589,11 @@ def study_run(
     outcome = run_study(config, engine=engine, address=address, retries=retries, quick=quick)
     folder = write_results(outcome, out)
     done = len(outcome["jobs"]) - len(outcome["failed"])
-    typer.echo(f"study {outcome['name']}: {done}/{len(outcome['jobs'])} jobs done -> {folder}/results.csv")
+    if as_json:
+        _echo_json({"study": outcome["name"], "jobs": len(outcome["jobs"]), "done": done, "results": str(folder),
+                    "failed": [{"params": f["params"], "error": f["error"]} for f in outcome["failed"]]})
+    else:
+        typer.echo(f"study {outcome['name']}: {done}/{len(outcome['jobs'])} jobs done -> {folder}/results.csv")
     for failed in outcome["failed"]:
         typer.echo(f"  failed {failed['params']}: {failed['error']}", err=True)
     if outcome["failed"]:
