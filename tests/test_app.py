@@ -318,8 +318,28 @@ def test_features_page_matches_features_across_saes(app_env, sae_dir, monkeypatc
 # ----------------------------------------------------------------------------- playground
 
 
-def test_playground_neuron_intervention_shows_bars_and_kl(app_env):
+def open_playground() -> AppTest:
+    """The playground with its model loaded (the page asks first when this process does not hold it yet)."""
     at = open_page("playground")
+    if [b for b in at.button if b.key == "play_load"]:
+        at.button(key="play_load").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def test_playground_loads_its_model_only_when_asked(app_env, monkeypatch):
+    import wbapp.models
+
+    monkeypatch.setattr(wbapp.models, "LOADED", set())  # as in a fresh app process
+    at = open_page("playground")
+    assert at.button(key="play_load").label == "Load tiny" and "nothing is loaded until you ask" in at.info[0].value
+    assert not [r for r in at.radio if r.key == "play_locus"] and not wbapp.models.LOADED  # no model touched
+    at.button(key="play_load").click().run()
+    assert not at.exception and "tiny" in wbapp.models.LOADED and at.radio(key="play_locus").value == "prompt"
+
+
+def test_playground_neuron_intervention_shows_bars_and_kl(app_env):
+    at = open_playground()
     assert at.selectbox(key="play_model").value == "tiny"
     at.radio(key="play_locus").set_value("neuron").run()
     at.text_input(key="play_neurons").input("0, 5, 9").run()
@@ -334,7 +354,7 @@ def test_playground_neuron_intervention_shows_bars_and_kl(app_env):
 
 
 def test_playground_prompt_locus_and_bad_input(app_env):
-    at = open_page("playground")
+    at = open_playground()
     at.button(key="play_run").click().run()  # default locus: prompt (prepend a snippet)
     assert not at.exception and len(plotly_charts(at)) == 1
     at.radio(key="play_locus").set_value("neuron").run()
@@ -348,7 +368,7 @@ def test_playground_prompt_locus_and_bad_input(app_env):
 
 @pytest.mark.parametrize("locus", ["token", "feature"])
 def test_playground_sae_loci_say_what_to_run(app_env, locus):
-    at = open_page("playground")
+    at = open_playground()
     at.radio(key="play_locus").set_value(locus).run()
     assert "workbench sae train" in texts(at.info)
     assert at.button(key="play_run").disabled
@@ -356,7 +376,7 @@ def test_playground_sae_loci_say_what_to_run(app_env, locus):
 
 @pytest.mark.parametrize("locus", ["feature", "token", "prompt", "neuron"])
 def test_playground_sae_loci_move_the_next_token(with_sae, locus):
-    at = open_page("playground")
+    at = open_playground()
     at.radio(key="play_locus").set_value(locus).run()
     if locus in ("prompt", "neuron"):
         at.radio(key="play_source").set_value("an SAE feature").run()

@@ -113,6 +113,10 @@ def test_features_page_shows_a_feature(page, app_url):
 
 def test_playground_intervention_draws_bars(page, app_url):
     open_page(page, app_url, "playground", "Intervention playground")
+    load, ready = page.get_by_role("button", name="Load tiny"), page.get_by_text("neuron", exact=True)
+    load.or_(ready).first.wait_for()
+    if load.count():  # this app process does not hold the model yet: the page asks before loading it
+        load.click()
     page.get_by_text("neuron", exact=True).click()
     page.get_by_role("group", name="scale").wait_for()
     page.get_by_role("button", name="Intervene").click()

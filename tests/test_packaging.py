@@ -73,3 +73,31 @@ def test_kernels_import_only_arrays_and_errors():
                 continue
             for name in names:
                 assert any(name == a or name.startswith(a + ".") for a in allowed), f"{path.name} imports {name}"
+
+
+def test_every_optional_module_names_an_extra_that_exists_and_fails_in_one_line(monkeypatch, capsys):
+    import importlib.util
+
+    import pytest
+
+    from workbench import cli
+    from workbench.commands.sae import run_train
+    from workbench.errors import EXTRAS, WorkbenchError
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert set(EXTRAS.values()) <= set(project["optional-dependencies"])
+    assert not any(d.startswith(("persim", "playwright", "gemma3")) for d in project["dependencies"])
+    assert not any(d.startswith("playwright") for d in project["optional-dependencies"]["app"])  # a test tool
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sae_lens" else real(name, *a))
+    with pytest.raises(WorkbenchError, match=r"sae_lens is not installed: pip install 'workbench\[sae\]'"):
+        run_train(model="tiny", site="blocks.0.hook_resid_post")  # refused before any model load or collection
+
+    def missing(args=None):
+        raise ModuleNotFoundError("No module named 'ray'", name="ray")
+
+    monkeypatch.setattr(cli, "app", missing)
+    with pytest.raises(SystemExit) as code:
+        cli.main(["study", "run", "x.yaml"])
+    assert code.value.code == 2
+    assert capsys.readouterr().err.strip() == "error: ray is not installed: pip install 'workbench[ray]'"

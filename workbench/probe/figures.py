@@ -45,12 +45,15 @@ def auc_figure(result: ConditionResult, title: str):
 
     layers = list(result.layers)
     fig = go.Figure()
+    values = [getattr(r, key) for r in result.layers.values()
+              for key in ("auc_topology", "auc_probe_rows", "auc_probe_means")]
+    low = min([0.4, *(v - 0.03 for v in values if v is not None and v == v)])  # never hide an AUC below 0.4
     for key, name in (("auc_topology", "PH summary + logistic regression"),
                       ("auc_probe_rows", "linear probe, per prompt"),
                       ("auc_probe_means", "linear probe, subsample means")):
         fig.add_trace(go.Scatter(x=layers, y=[getattr(r, key) for r in result.layers.values()], mode="lines+markers",
                                  name=name))
-    fig.update_layout(title=title, xaxis_title="layer", yaxis_title="cross-validated AUC", yaxis_range=[0.4, 1.02],
+    fig.update_layout(title=title, xaxis_title="layer", yaxis_title="cross-validated AUC", yaxis_range=[low, 1.02],
                       template="plotly_white", height=420)
     return fig
 
@@ -117,12 +120,15 @@ def flow_figure(flow: dict, title: str):
     import plotly.graph_objects as go
 
     fig = go.Figure()
-    for gap, entry in flow.get("gaps", {}).items():
+    shades = {"clean": ("#1f77b4", "#08306b", "#6baed6", "#4292c6"),  # a shade per gap within each class's hue
+              "adversarial": ("#d62728", "#67000d", "#fb6a4a", "#cb181d")}
+    for i, (gap, entry) in enumerate(flow.get("gaps", {}).items()):
         x = [p[0] for p in entry["pairs"]]
         for kind, dash in (("flow", "solid"), ("control", "dot")):
-            for cls, colour in (("clean", "#1f77b4"), ("adversarial", "#d62728")):
+            for cls in ("clean", "adversarial"):
+                colour = shades[cls][i % len(shades[cls])]
                 fig.add_trace(go.Scatter(x=x, y=entry[kind][f"{cls}_curve"], mode="lines",
-                                         line={"dash": dash, "color": colour},
+                                         line={"dash": dash, "color": colour}, legendgroup=f"gap {gap}",
                                          name=f"gap {gap} {cls}{' (permuted control)' if kind == 'control' else ''}"))
     fig.update_layout(title=title, xaxis_title="first layer of the pair", yaxis_title="total H1 persistence (Alpha)",
                       template="plotly_white", height=420)
