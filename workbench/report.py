@@ -63,6 +63,25 @@ def write_figure(path: str | Path, figure) -> Path:
     return Path(path)
 
 
+def setting_colours(names) -> dict[str, str]:
+    """One distinct colour per setting, for up to 24 (then they repeat): plotly's default ten ran out at 16."""
+    from plotly.colors import qualitative
+
+    palette = qualitative.Dark24
+    return {name: palette[i % len(palette)] for i, name in enumerate(dict.fromkeys(names))}
+
+
+def readable_layout(fig, title: str, height: int):
+    """The width of the page or app column (no fixed width that cuts it off), the legend under the plots, and
+    slanted category labels that keep their room."""
+    fig.update_layout(title=title, barmode="group", height=height, autosize=True, template="plotly_white",
+                      legend={"orientation": "h", "yanchor": "top", "y": -0.28, "xanchor": "left", "x": 0},
+                      margin={"b": 170})
+    fig.update_xaxes(tickangle=-40, automargin=True)
+    fig.update_yaxes(automargin=True)
+    return fig
+
+
 def write_html(path: str | Path, title: str, sections: list[tuple[str, object]], intro: str = "") -> Path:
     """One page: a title, an intro paragraph, then (heading, plotly figure or HTML string) sections."""
     path = Path(path)
@@ -101,4 +120,5 @@ def html_table(rows: list[dict], columns: list[str] | None = None, digits: int =
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-__all__ = ["html_table", "versions", "write_figure", "write_html", "write_json_atomic"]
+__all__ = ["html_table", "readable_layout", "setting_colours", "versions", "write_figure", "write_html",
+           "write_json_atomic"]

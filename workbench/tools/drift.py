@@ -161,16 +161,19 @@ def drift_figure(rows: Sequence[dict], label: str, title: str):
     fig = make_subplots(rows=1, cols=3, subplot_titles=(
         "H0 bottleneck / largest H0 death", "H1 bottleneck / largest H0 death",
         "SAE: unexplained variance, active-feature Jaccard vs reference"))
+    from workbench.report import readable_layout, setting_colours
+
     names = [r[label] for r in rows]
+    colours = setting_colours(names)
     for r in rows:
         for col, dim in ((1, 0), (2, 1)):
             if f"ph_bottleneck_h{dim}_per_layer" in r:
                 fig.add_scatter(x=r["ph_layers"], y=r[f"ph_bottleneck_h{dim}_per_layer"], mode="lines+markers",
-                                name=f"{r[label]} H{dim}", legendgroup=r[label], row=1, col=col)
+                                name=f"{r[label]} H{dim}", legendgroup=r[label], row=1, col=col,
+                                line={"color": colours[r[label]]}, marker={"symbol": "circle" if dim == 0 else "x"})
     if "sae_fvu" in rows[0]:
         fig.add_bar(x=names, y=[r["sae_fvu"] for r in rows], name="SAE unexplained variance", row=1, col=3)
         fig.add_bar(x=names, y=[r["sae_active_jaccard"] for r in rows], name="active-feature Jaccard", row=1, col=3)
     fig.update_xaxes(title_text="layer", row=1, col=1)
     fig.update_xaxes(title_text="layer", row=1, col=2)
-    fig.update_layout(title=title, barmode="group", height=450, width=1500)
-    return fig
+    return readable_layout(fig, title, height=540)

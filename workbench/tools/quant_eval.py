@@ -279,15 +279,19 @@ def quant_figure(rows: Sequence[dict], title: str = "Quantization"):
     """Plotly figure: perplexity per setting (left) and residual drift per layer (right)."""
     from plotly.subplots import make_subplots
 
+    from workbench.report import readable_layout, setting_colours
+
     fig = make_subplots(rows=1, cols=2, subplot_titles=("perplexity (held-out text)",
                                                         "relative L2 drift of resid_post (positions >= 1)"))
     names = [r["setting"] for r in rows]
     fig.add_bar(x=names, y=[r["ppl"] for r in rows], name="prefill ppl", row=1, col=1)
     fig.add_bar(x=names, y=[r["ppl_window_end"] for r in rows], name="window-end ppl (causal)", row=1, col=1)
+    colours = setting_colours(names)
     for r in rows:
         if r["drift_tokens_per_layer"]:
-            fig.add_scatter(y=r["drift_tokens_per_layer"], mode="lines", name=r["setting"], row=1, col=2)
+            fig.add_scatter(y=r["drift_tokens_per_layer"], mode="lines", name=r["setting"], row=1, col=2,
+                            line={"color": colours[r["setting"]]})
     fig.update_xaxes(title_text="layer", row=1, col=2)
     fig.update_yaxes(type="log", row=1, col=2)
-    fig.update_layout(title=title, barmode="group", height=500, width=1200)
-    return fig
+    return readable_layout(fig, title, height=560)
+
