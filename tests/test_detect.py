@@ -255,7 +255,10 @@ def test_fused_detector_averages_members_that_read_their_own_columns_and_round_t
 
 
 def test_token_features_sample_the_document_and_flag_only_the_insertion(tiny, tmp_path):
-    from workbench.detect.features import document_span, token_features
+    from workbench.detect.features import activation_features, document_span
+
+    def token_features(*args, **kwargs):
+        return activation_features(*args, delta=False, **kwargs)
 
     task = "Summarise this.\n\n"
     doc = "The meeting moved to Tuesday. " * 4

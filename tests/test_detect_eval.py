@@ -118,6 +118,7 @@ def test_detect_eval_command_writes_its_tables(tmp_path, monkeypatch):
                               "--layers", "3", "--boot", "20", "--dtype", "float32", "--out", tmp_path / "r"])
     assert code == 0, err
     assert "TaskTracker delta" in out and "length (baseline)" in out
+    assert "injected-token probe" in out and "token probe + span + keywords" in out  # the sampled-token view too
     saved = json.loads((tmp_path / "r" / "results.json").read_text())
     assert {r["held_out"] for r in saved["rows"]} == {f"agentdojo:{s}" for s in ("banking", "slack", "travel",
                                                                                  "workspace")}

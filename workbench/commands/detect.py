@@ -152,7 +152,7 @@ def run_detect_eval(model="smollm2-135m", sources=EVAL_SOURCES, n_pairs: int = 1
     ``topology``: also the token-cloud barcode of every document (``TokenCloudBarcode`` with its defaults).
     ``detectors``: names of ``evaluate.DETECTORS`` to measure (None: every one)."""
     from workbench.detect.evaluate import DETECTORS, evaluate, summarize
-    from workbench.detect.features import activation_features, text_features, token_features
+    from workbench.detect.features import TOKEN_SAMPLE, activation_features, text_features
     from workbench.detect.trained import model_identity, readable_pairs
     from workbench.models import has_chat_template, load_model
     from workbench.paths import cache_dir
@@ -172,17 +172,13 @@ def run_detect_eval(model="smollm2-135m", sources=EVAL_SOURCES, n_pairs: int = 1
     n = hooked.cfg.n_layers
     layers = sorted(set(layers)) if layers else sorted({n // 5, (2 * n) // 5, n // 2, (3 * n) // 5, (4 * n) // 5})
     per_source = {}  # one cache entry per source: a changed generator leaves AgentDojo's features valid
+    wants_tokens = any("doc_tokens" in [view for view, _ in spec[0]] for spec in (chosen or DETECTORS).values())
     for source in dict.fromkeys(r["source"] for r in records):
         mine = [r for r in records if r["source"] == source]
         per_source[source] = activation_features(hooked, mine, layers, max_tokens=max_tokens, batch_size=batch_size,
                                                  chat=has_chat_template(hooked), cache=cache_dir("detect-features"),
                                                  topology=TokenCloudBarcode(seed=seed) if topology else None,
-                                                 progress=progress)
-    if any("doc_tokens" in [view for view, _ in spec[0]] for spec in (chosen or DETECTORS).values()):
-        for source, mine in ((s, [r for r in records if r["source"] == s]) for s in per_source):
-            per_source[source].update(token_features(hooked, mine, layers, max_tokens=max_tokens,
-                                                     batch_size=batch_size, chat=has_chat_template(hooked),
-                                                     cache=cache_dir("detect-features"), progress=progress))
+                                                 tokens=TOKEN_SAMPLE if wants_tokens else None, progress=progress)
     records = [r for source in per_source for r in records if r["source"] == source]
     acts = {view: np.concatenate([f[view] for f in per_source.values()]) for view in next(iter(per_source.values()))}
     groups = [r["source"] if split == "source" else r.get("attack_family_of_pair") or "none" for r in records]

@@ -75,8 +75,9 @@ def choose(template, acts, layers, text, y, groups, rows, seed: int = 0, fixed: 
     for layer in (layers if uses_layer else [None]):
         blocks = _blocks(template, layer)
         X = feature_matrix(blocks, acts, layers, text)[rows]
+        resolved = resolve_settings(fixed, blocks, acts, text)
         for C in grid:
-            settings = resolve_settings({**fixed, "C": C}, blocks, acts, text)
+            settings = {**resolved, "C": C}
             scores, oof = [], np.full(len(y), np.nan)
             for fit_rows, val_rows in _inner_folds(groups, seed):
                 if len(set(y[fit_rows])) < 2 or len(set(y[val_rows])) < 2:

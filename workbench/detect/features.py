@@ -90,7 +90,7 @@ def activation_features(model, records: list[dict], layers: list[int], *, max_to
     if topology is not None:
         topology.fit()  # validates its parameters before any forward pass
     key = features_key(model_identity(model), records, layers, max_tokens, delta, chat, topology)
-    if tokens:  # the doc_tokens view from the same pass (see ``token_features``)
+    if tokens:  # the doc_tokens view from the same pass
         key = _tokens_key(key, tokens, records)
 
     def compute() -> dict[str, np.ndarray]:
@@ -103,21 +103,6 @@ def activation_features(model, records: list[dict], layers: list[int], *, max_to
         return out
 
     return _cached(Path(cache) / f"features-{key}.npz" if cache is not None else None, compute)
-
-
-def token_features(model, records: list[dict], layers: list[int], *, tokens: int = TOKEN_SAMPLE, max_tokens: int = 512,
-                   batch_size: int = 8, chat: bool = True, cache: str | Path | None = None,
-                   progress: bool = True) -> dict[str, np.ndarray]:
-    """``{"doc_tokens": float32[n, len(layers), tokens * (d_model + 2)]}``: ``tokens`` document tokens per prompt,
-    evenly spaced over the document (all of them when it is shorter; padding rows are all zero), each its
-    activation, a valid flag and an inserted flag (the token overlaps the record's ``inserted_span``; 0 for
-    records without one). Read by ``token_probe.TokenProbe``: ``activation_features`` without the delta pass or
-    the barcodes, for callers that hold the other views already (its own cache entry)."""
-    if tokens is None:
-        raise WorkbenchError("tokens must be a positive integer, got None")
-    return {"doc_tokens": activation_features(model, records, layers, max_tokens=max_tokens, batch_size=batch_size,
-                                              delta=False, chat=chat, tokens=tokens, cache=cache,
-                                              progress=progress)["doc_tokens"]}
 
 
 def _tokens_key(key: str, tokens: int, records: list[dict]) -> str:

@@ -9,7 +9,7 @@ fitted on the tokens of the training rows, and a prompt's features are the top o
 it: the maximum, the mean of the ``top`` highest, and the mean. Benign insertions of clean twins are negatives,
 so imperatives that belong to the document are what the direction learns to tell apart.
 
-Input rows are the ``doc_tokens`` view (``features.token_features``): ``tokens`` document tokens per prompt,
+Input rows are the ``doc_tokens`` view (``features.activation_features(tokens=...)``): ``tokens`` document tokens per prompt,
 each its activation (``width`` numbers) followed by two flags, valid and inserted. The inserted flag is read
 only in ``fit`` and only where the row is labelled injected; ``transform`` reads activations and validity, so
 a user's prompt (no flags) is scored as a training prompt is.
