@@ -103,6 +103,25 @@ def test_capture_is_idempotent_and_refuses_another_capture(tiny, tmp_path):
     assert replaced.sites == ["blocks.3.hook_resid_post"]
 
 
+def test_a_store_made_in_another_dtype_is_never_resumed_or_served(tmp_path):
+    """The model's compute dtype is part of a store's identity: a bfloat16 run into a float32 store is refused, and
+    a probe run in bfloat16 gets a folder of its own."""
+    from workbench.models import load_model
+    from workbench.probe import ProbeConfig
+
+    prompts = make_prompts(4)
+    f32 = load_model("tiny", device="cpu")
+    capture(f32, prompts, SITES, tmp_path / "s", progress=False)
+    assert json.loads((tmp_path / "s" / "manifest.json").read_text())["model_dtype"] == "float32"
+    bf16 = load_model("tiny", device="cpu", dtype="bfloat16")
+    # as a real checkpoint loaded in two dtypes: the same file, so the same weights hash (tiny hashes its tensors)
+    bf16.workbench["weights_sha256"] = f32.workbench["weights_sha256"]
+    with pytest.raises(WorkbenchError, match=r"holds another capture \(model_dtype: 'float32' vs 'bfloat16'\)"):
+        capture(bf16, prompts, SITES, tmp_path / "s", progress=False)
+    config = ProbeConfig(model="tiny")
+    assert config.key("abc", "float32") != config.key("abc", "bfloat16")
+
+
 def test_corrupt_and_missing_shards_are_named(tiny, tmp_path):
     store = capture(tiny, make_prompts(6), SITES, tmp_path / "s", shard_rows=2, batch_size=2, progress=False)
     shard = tmp_path / "s" / "shard-00001.safetensors"

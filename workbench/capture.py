@@ -266,6 +266,14 @@ def span_masks(offsets, spans, lengths, device):
     return mask
 
 
+def store_model_identity(model) -> dict:
+    """What a store records of the model that filled it (name, weights, compute dtype): part of its identity, so a
+    capture never resumes, nor is served from, a store made by other weights or in another dtype."""
+    from workbench.models.loading import model_identity
+
+    return {k: v for k, v in model_identity(model).items() if k != "d_model"}
+
+
 def capture(
     model,
     prompts,
@@ -306,8 +314,7 @@ def capture(
     max_tokens = check_max_tokens(model, max_tokens)
     info = getattr(model, "workbench", {}) or {}
     header = {
-        "model": info.get("name", model.cfg.model_name),
-        "weights_sha256": info.get("weights_sha256"),
+        **store_model_identity(model),
         "sites": sites,
         "positions": positions,
         "dtype": dtype,

@@ -221,7 +221,7 @@ def probe(
         chosen = sorted({round(i * (n - 1) / 5) for i in range(6)})
     config = replace(config, model=hooked.workbench["name"], layers=chosen)
     if out is None:  # one folder per configuration, so a default run never meets another's results
-        key = config.key(hooked.workbench.get("weights_sha256"))
+        key = config.key(hooked.workbench.get("weights_sha256"), hooked.workbench.get("dtype", dtype))
         out = cache_dir("runs") / f"probe-{model_folder_name(hooked.workbench['name'])}{'-quick' if quick else ''}-{key}"
     report = run_probe(hooked, config, out, overwrite=overwrite)
     if as_json:

@@ -19,12 +19,12 @@ def probe(params: dict, work: Path) -> list[dict]:
 
     params = dict(params)
     name, condition = params.pop("model"), params.pop("condition", "injection")
-    model = load_model(name, device=params.pop("device", "cpu"))
+    model = load_model(name, device=params.pop("device", "cpu"), dtype=params.pop("dtype", "float32"))
     layers = _layer_spec(params.pop("layers", None), model.cfg.n_layers)
     if "flow_gaps" in params:
         params["flow_gaps"] = tuple(params["flow_gaps"])
     config = ProbeConfig(model=name, conditions=(condition,), layers=layers, **params)
-    key = config.key(model.workbench.get("weights_sha256"))  # one folder per configuration: never another's layers
+    key = config.key(model.workbench.get("weights_sha256"), model.workbench.get("dtype", "float32"))  # one folder per configuration: never another's layers
     report = run_probe(model, config, Path(work) / f"probe-{name}-{condition}-seed{config.seed}-{key}")
     return report_rows(report)
 

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from workbench.errors import WorkbenchError
+from workbench.models.loading import model_identity  # noqa: F401  (part of this module's API: detect.model_identity)
 
 FORMAT = 2
 DEFAULT_PAIRS = 60  # per source: five sources, 600 prompts, trained in about 3 minutes on 2 cores
@@ -89,13 +90,6 @@ def default_layers(model) -> list[int]:
     2-6 against 0.89-0.92 at layer 18 (3/5 of 30)."""
     n = model.cfg.n_layers
     return sorted({max(1, n // 15), max(1, n // 7), (3 * n) // 5} & set(range(n)))
-
-
-def model_identity(model) -> dict:
-    """What a detector (and its cached features) depends on in the model: name, weights, dtype, width."""
-    info = getattr(model, "workbench", {}) or {}
-    return {"model": info.get("name", model.cfg.model_name), "weights_sha256": info.get("weights_sha256"),
-            "model_dtype": info.get("dtype", str(model.cfg.dtype)), "d_model": int(model.cfg.d_model)}
 
 
 def content_key(*parts) -> str:

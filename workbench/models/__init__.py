@@ -7,9 +7,10 @@ from workbench.models.loading import (
            format_chat,
            has_chat_template,
            load_model,
+           model_identity,
            pick_device,
 )
 from workbench.models.registry import DEFAULT_MODEL, REGISTRY, ModelSpec, resolve
 
 __all__ = ["DEFAULT_MODEL", "REGISTRY", "ChatPrompt", "ModelSpec", "chat_record", "chat_records", "format_chat", "has_chat_template",
-           "load_model", "pick_device", "resolve"]
+           "load_model", "model_identity", "pick_device", "resolve"]

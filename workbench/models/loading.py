@@ -66,6 +66,15 @@ def _torch_dtype(dtype):
     return table[dtype]
 
 
+def model_identity(model) -> dict:
+    """What results computed from ``model`` depend on: its name, weights, compute dtype and width. Stores, cached
+    features and detectors record it, so nothing computed in one dtype is served for another."""
+    info = getattr(model, "workbench", {}) or {}
+    return {"model": info.get("name", model.cfg.model_name), "weights_sha256": info.get("weights_sha256"),
+            "model_dtype": info.get("dtype", str(model.cfg.dtype).removeprefix("torch.")),
+            "d_model": int(model.cfg.d_model)}
+
+
 def load_model(
     name: str | None = None,
     *,

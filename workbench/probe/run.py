@@ -127,7 +127,7 @@ def layer_key(store, site: str, adversarial: str, config: ProbeConfig, seed: int
     m = store.manifest
     analysis = {k: getattr(config, k) for k in ("k", "K", "n_parts", "maxdim", "n_boot", "n_perm")}
     blob = [LAYER_PROTOCOL, analysis, seed, adversarial, site, m.get("model"), m.get("weights_sha256"),
-            m.get("prompts_sha256"), m.get("dtype"), m.get("max_tokens"), store.n_rows]
+            m.get("model_dtype"), m.get("prompts_sha256"), m.get("dtype"), m.get("max_tokens"), store.n_rows]
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

@@ -55,7 +55,7 @@ def collect_activations(model, sites: list[str], out: str | Path, n_tokens: int,
 
     import torch
 
-    from workbench.capture import check_sites
+    from workbench.capture import check_sites, store_model_identity
     from workbench.data.corpus import token_blocks
 
     sites = check_sites(model, sites)
@@ -65,10 +65,8 @@ def collect_activations(model, sites: list[str], out: str | Path, n_tokens: int,
     store_dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}.get(dtype)
     if store_dtype is None:
         raise WorkbenchError(f"unknown store dtype {dtype!r}: use float32, float16 or bfloat16")
-    info = getattr(model, "workbench", {}) or {}
     header = {
-        "model": info.get("name", model.cfg.model_name),
-        "weights_sha256": info.get("weights_sha256"),
+        **store_model_identity(model),
         "sites": sites,
         "positions": "all",
         "dtype": dtype,
@@ -355,7 +353,7 @@ _MISSING = object()
 
 def store_identity(store: ActivationStore) -> str:
     """What a store's activations are (model, weights, tokens, dtype), as a short hash an SAE records."""
-    keys = ("model", "weights_sha256", "prompts_sha256", "dtype", "max_tokens")
+    keys = ("model", "weights_sha256", "model_dtype", "prompts_sha256", "dtype", "max_tokens")
     blob = json.dumps({k: store.manifest.get(k) for k in keys}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
