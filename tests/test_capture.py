@@ -106,7 +106,7 @@ def test_capture_is_idempotent_and_refuses_another_capture(tiny, tmp_path):
 def test_a_store_made_in_another_dtype_is_never_resumed_or_served(tmp_path):
     """The model's compute dtype is part of a store's identity: a bfloat16 run into a float32 store is refused, and
     a probe run in bfloat16 gets a folder of its own."""
-    from workbench.models import load_model
+    from workbench.models import load_model, model_identity
     from workbench.probe import ProbeConfig
 
     prompts = make_prompts(4)
@@ -119,7 +119,7 @@ def test_a_store_made_in_another_dtype_is_never_resumed_or_served(tmp_path):
     with pytest.raises(WorkbenchError, match=r"holds another capture \(model_dtype: 'float32' vs 'bfloat16'\)"):
         capture(bf16, prompts, SITES, tmp_path / "s", progress=False)
     config = ProbeConfig(model="tiny")
-    assert config.key("abc", "float32") != config.key("abc", "bfloat16")
+    assert config.key(model_identity(f32)) != config.key(model_identity(bf16))
 
 
 def test_corrupt_and_missing_shards_are_named(tiny, tmp_path):

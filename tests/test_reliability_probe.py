@@ -91,3 +91,26 @@ def test_out_that_is_a_file(tmp_path):
     target.write_text("keep me")
     assert_refused(["probe", "--model", "tiny", "--quick", "--pairs", "20", "--out", str(target)], "is a file",
                    watch=(tmp_path,))
+
+
+def test_repeated_prompts_are_one_point_and_too_few_distinct_ones_are_refused(tiny, tmp_path, monkeypatch):
+    """A prompt repeated within its class is dropped (the same point twice would fake a zero-length H0 bar); when
+    what is left is too few for the protocol, the probe says so before capturing or writing anything."""
+    from workbench.probe import run as probe_run
+    from workbench.probe.run import distinct_prompts
+
+    rows = [{"text": "a", "label": "clean"}, {"text": "a", "label": "clean"}, {"text": "a", "label": "injected"},
+            {"text": "b", "label": "clean"}]
+    assert distinct_prompts(rows) == [rows[0], rows[2], rows[3]]
+
+    class Repetitive:  # AgentDojo-like: every pair shares one of three clean documents
+        name, adversarial_label, kinds = "injection", "injected", ()
+
+        def prompts(self, model, n_pairs, seed=0):
+            return [r for i in range(n_pairs) for r in ({"text": f"clean document {i % 3}", "label": "clean"},
+                                                         {"text": f"injected {i}", "label": "injected"})]
+
+    monkeypatch.setattr(probe_run, "get_condition", lambda name: Repetitive())
+    with pytest.raises(WorkbenchError, match=r"injection has 3 distinct 'clean' prompts"):
+        run_probe(tiny, ProbeConfig(**SMALL), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()

@@ -36,8 +36,11 @@ def forward_until_stopped(model, tokens, fwd_hooks) -> None:
     """Run ``tokens`` through ``model`` with ``fwd_hooks`` until a hook raises ``StopForward`` (or the pass ends).
 
     The layers after the last site that matters are never computed; TransformerLens removes the hooks either way.
+    Attention runs fused where that is exact and no hook reads its internals (``models.fused_attention``).
     """
-    with contextlib.suppress(StopForward):
+    from workbench.models.fused_attention import fused_attention
+
+    with fused_attention(model, [name for name, _ in fwd_hooks]), contextlib.suppress(StopForward):
         model.run_with_hooks(tokens, fwd_hooks=fwd_hooks, return_type=None)
 
 
@@ -266,12 +269,13 @@ def span_masks(offsets, spans, lengths, device):
     return mask
 
 
-def store_model_identity(model) -> dict:
-    """What a store records of the model that filled it (name, weights, compute dtype): part of its identity, so a
-    capture never resumes, nor is served from, a store made by other weights or in another dtype."""
+def store_model_identity(model, sites) -> dict:
+    """What a store records of the model that filled it (name, weights, compute dtype, attention kernel): part of
+    its identity, so a capture never resumes, nor is served from, a store made by other weights or in another
+    dtype."""
     from workbench.models.loading import model_identity
 
-    return {k: v for k, v in model_identity(model).items() if k != "d_model"}
+    return {k: v for k, v in model_identity(model, sites).items() if k != "d_model"}
 
 
 def capture(
@@ -314,7 +318,7 @@ def capture(
     max_tokens = check_max_tokens(model, max_tokens)
     info = getattr(model, "workbench", {}) or {}
     header = {
-        **store_model_identity(model),
+        **store_model_identity(model, sites),
         "sites": sites,
         "positions": positions,
         "dtype": dtype,

@@ -196,8 +196,10 @@ def probe(
     """Clean vs adversarial activations, layer by layer: persistent homology, statistics, probes, report."""
     from dataclasses import replace
 
+    from workbench.capture import resid_sites
     from workbench.commands.probe import check_run_folder, run_probe
     from workbench.conditions import CONDITIONS
+    from workbench.models import model_identity
     from workbench.paths import cache_dir, model_folder_name
     from workbench.probe import ProbeConfig
     from workbench.probe.figures import summary_table
@@ -221,7 +223,7 @@ def probe(
         chosen = sorted({round(i * (n - 1) / 5) for i in range(6)})
     config = replace(config, model=hooked.workbench["name"], layers=chosen)
     if out is None:  # one folder per configuration, so a default run never meets another's results
-        key = config.key(hooked.workbench.get("weights_sha256"), hooked.workbench.get("dtype", dtype))
+        key = config.key(model_identity(hooked, resid_sites(hooked, chosen)))
         out = cache_dir("runs") / f"probe-{model_folder_name(hooked.workbench['name'])}{'-quick' if quick else ''}-{key}"
     report = run_probe(hooked, config, out, overwrite=overwrite)
     if as_json:

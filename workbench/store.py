@@ -227,5 +227,5 @@ class ActivationStore:
         return {key: torch.cat([s.tensors[key] for s in shards]) for key in TOKEN_KEYS}
 
 
-_IDENTITY_KEYS = ("model", "weights_sha256", "model_dtype", "sites", "positions", "prompts_sha256", "dtype", "max_tokens",
+_IDENTITY_KEYS = ("model", "weights_sha256", "model_dtype", "attention", "sites", "positions", "prompts_sha256", "dtype", "max_tokens",
                   "splices")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import numpy as np
 from workbench.errors import WorkbenchError
 from workbench.io import check_output_folder, write_json_atomic
 from workbench.probe import ProbeConfig, ProbeReport, analyze_condition, condition_prompts, flow_by_class
+from workbench.probe.config import MIN_POINTS
 
 RUN_FILES = ("config.json", "report.json", "report.html", "stores", "layers")  # what a probe writes in its folder
 
@@ -38,6 +40,13 @@ def run_probe(model, config: ProbeConfig, out: str | Path, progress: bool = True
     config.check_protocol()
     sites = resid_sites(model, config.layers)
     prompts = {condition: condition_prompts(model, condition, config) for condition in config.conditions}
+    for condition, records in prompts.items():  # repeats are dropped: the distinct prompts must still suffice
+        counts = Counter(r.get("label") for r in records)
+        label, smaller = min(counts.items(), key=lambda kv: kv[1])
+        if len(counts) < 2 or smaller // config.n_parts < MIN_POINTS:
+            raise WorkbenchError(f"{condition} has {smaller} distinct {label!r} prompts: the subsample protocol needs "
+                                 f"{MIN_POINTS} per part over {config.n_parts} parts; ask for more --pairs or fewer "
+                                 "parts")
     if check_run_folder(out, config, overwrite):  # another run's files, replaced (only with ``overwrite``)
         for name in RUN_FILES:
             target = out / name

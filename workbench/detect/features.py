@@ -89,7 +89,8 @@ def activation_features(model, records: list[dict], layers: list[int], *, max_to
         raise WorkbenchError(f"tokens must be a positive integer, got {tokens!r}")
     if topology is not None:
         topology.fit()  # validates its parameters before any forward pass
-    key = features_key(model_identity(model), records, layers, max_tokens, delta, chat, topology)
+    sites = [f"blocks.{L}.hook_resid_post" for L in layers]
+    key = features_key(model_identity(model, sites), records, layers, max_tokens, delta, chat, topology)
     if tokens:  # the doc_tokens view from the same pass
         key = _tokens_key(key, tokens, records)
 

@@ -66,13 +66,16 @@ def _torch_dtype(dtype):
     return table[dtype]
 
 
-def model_identity(model) -> dict:
-    """What results computed from ``model`` depend on: its name, weights, compute dtype and width. Stores, cached
-    features and detectors record it, so nothing computed in one dtype is served for another."""
+def model_identity(model, hook_names=()) -> dict:
+    """What results computed from ``model`` depend on: its name, weights, compute dtype, width and the attention
+    a pass with ``hook_names`` runs (``fused_attention.implementation``). Stores, cached features and detectors
+    record it, so nothing computed in one dtype (or by one attention kernel) is served for another."""
+    from workbench.models.fused_attention import implementation
+
     info = getattr(model, "workbench", {}) or {}
     return {"model": info.get("name", model.cfg.model_name), "weights_sha256": info.get("weights_sha256"),
             "model_dtype": info.get("dtype", str(model.cfg.dtype).removeprefix("torch.")),
-            "d_model": int(model.cfg.d_model)}
+            "d_model": int(model.cfg.d_model), "attention": implementation(model, hook_names)}
 
 
 def load_model(

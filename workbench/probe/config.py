@@ -61,11 +61,12 @@ class ProbeConfig:
                 f"part over {self.n_parts} parts, i.e. --pairs {MIN_POINTS * self.n_parts} or more"
             )
 
-    def key(self, weights_sha256: str | None = None, model_dtype: str = "float32") -> str:
-        """A short hash of everything that changes this run's results: the settings, the weights and the dtype the
-        model computes in (batch size does not: batching is exact)."""
+    def key(self, model_identity: dict | None = None) -> str:
+        """A short hash of everything that changes this run's results: the settings and the model's identity
+        (``models.model_identity``: weights, compute dtype, attention kernel); batch size does not (batching is
+        exact)."""
         fields = {k: v for k, v in asdict(self).items() if k != "batch_size"}
-        blob = json.dumps([fields, weights_sha256, model_dtype, LAYER_PROTOCOL], sort_keys=True, default=str)
+        blob = json.dumps([fields, model_identity, LAYER_PROTOCOL], sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     @classmethod

@@ -34,8 +34,26 @@ def condition_prompts(model, condition: str, config: ProbeConfig) -> list[dict]:
     document is text, so an injected fake turn stays text; only the template's markup is trusted)."""
     from workbench.models import chat_records
 
-    records = get_condition(condition).prompts(model, config.n_pairs, seed=config.seed)
+    records = distinct_prompts(get_condition(condition).prompts(model, config.n_pairs, seed=config.seed), condition)
     return chat_records(model, records, config.chat)
+
+
+def distinct_prompts(records: list[dict], condition: str = "") -> list[dict]:
+    """``records`` without repeats of a text within its class (the first one kept). A repeated prompt is the same
+    point twice, a zero-length H0 bar that no second sample would give: AgentDojo reuses one clean tool output
+    for every injection of its vector (138 distinct clean texts in 1,500 pairs), garak a few of its documents."""
+    seen, kept = set(), []
+    for r in records:
+        key = (r.get("label"), r["text"])
+        if key not in seen:
+            seen.add(key)
+            kept.append(r)
+    if len(kept) < len(records):
+        counts = {label: sum(r.get("label") == label for r in kept) for label in dict.fromkeys(r.get("label")
+                                                                                             for r in records)}
+        log.warning("%s: %d repeated prompts dropped (a repeat is the same point twice); distinct per class: %s",
+                    condition or "prompts", len(records) - len(kept), counts)
+    return kept
 
 
 def class_clouds(store, site: str, adversarial: str) -> tuple[np.ndarray, np.ndarray]:
@@ -127,7 +145,7 @@ def layer_key(store, site: str, adversarial: str, config: ProbeConfig, seed: int
     m = store.manifest
     analysis = {k: getattr(config, k) for k in ("k", "K", "n_parts", "maxdim", "n_boot", "n_perm")}
     blob = [LAYER_PROTOCOL, analysis, seed, adversarial, site, m.get("model"), m.get("weights_sha256"),
-            m.get("model_dtype"), m.get("prompts_sha256"), m.get("dtype"), m.get("max_tokens"), store.n_rows]
+            m.get("model_dtype"), m.get("attention"), m.get("prompts_sha256"), m.get("dtype"), m.get("max_tokens"), store.n_rows]
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

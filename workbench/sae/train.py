@@ -66,7 +66,7 @@ def collect_activations(model, sites: list[str], out: str | Path, n_tokens: int,
     if store_dtype is None:
         raise WorkbenchError(f"unknown store dtype {dtype!r}: use float32, float16 or bfloat16")
     header = {
-        **store_model_identity(model),
+        **store_model_identity(model, sites),
         "sites": sites,
         "positions": "all",
         "dtype": dtype,
@@ -353,7 +353,7 @@ _MISSING = object()
 
 def store_identity(store: ActivationStore) -> str:
     """What a store's activations are (model, weights, tokens, dtype), as a short hash an SAE records."""
-    keys = ("model", "weights_sha256", "model_dtype", "prompts_sha256", "dtype", "max_tokens")
+    keys = ("model", "weights_sha256", "model_dtype", "attention", "prompts_sha256", "dtype", "max_tokens")
     blob = json.dumps({k: store.manifest.get(k) for k in keys}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -1,0 +1,99 @@
+"""Fused attention for passes that read no attention internals: the same math, a fraction of the time.
+
+TransformerLens computes attention as explicit scores, a ``torch.where`` causal mask, a softmax and a second
+matmul, so that ``hook_attn_scores`` and ``hook_pattern`` can see them; on 2 CPU cores that is about half of a
+SmolLM2 forward (stop 30's profile: masking, copies and softmax). A capture of residual streams never looks at
+those tensors, so inside ``fused_attention`` each supported attention layer runs
+``torch.nn.functional.scaled_dot_product_attention`` between TransformerLens's own q/k/v (with their hooks and
+rotary embedding) and its own output projection (``hook_z`` still fires). Everything TransformerLens does that the
+fused kernel does not (a KV cache, padding masks, ALiBi, soft-capping, attention sinks, ...) falls back to its own
+forward, as does any pass that hooks the scores, the pattern or the per-head result, or computes gradients.
+Results equal TransformerLens's up to floating-point rounding (tested against it in float32 and bfloat16).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import types
+
+from workbench.errors import WorkbenchError
+
+INTERNALS = ("hook_attn_scores", "hook_pattern", "hook_result")  # what the fused kernel never materialises
+SWITCH = "WORKBENCH_FUSED_ATTENTION"  # "0" turns the fused path off (TransformerLens's attention everywhere)
+
+
+def enabled() -> bool:
+    value = os.environ.get(SWITCH, "1").strip().lower()
+    if value not in ("0", "1", "false", "true", "off", "on", ""):
+        raise WorkbenchError(f"{SWITCH}={value!r}: use 1 (fused attention where it is exact) or 0 (TransformerLens's)")
+    return value not in ("0", "false", "off")
+
+
+def supported(attn) -> bool:
+    """Whether this attention layer's forward is exactly causal softmax attention over its q/k/v."""
+    cfg = attn.cfg
+    softcap = getattr(cfg, "attn_scores_soft_cap", -1.0)
+    return (cfg.positional_embedding_type in ("standard", "rotary", "shortformer")
+            and (getattr(attn, "_attention_dir_override", None) or cfg.attention_dir) == "causal"
+            and not (softcap is not None and softcap > 0)
+            and not getattr(cfg, "use_logn_attn", False) and not getattr(cfg, "use_attention_sinks", False)
+            and not getattr(cfg, "load_in_4bit", False) and not cfg.use_attn_result
+            and getattr(cfg, "clip_qkv", None) is None
+            and cfg.original_architecture not in ("OlmoeForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM")
+            and (attn.attn_type != "local" or isinstance(cfg.window_size, int)))
+
+
+def _fused_forward(self, query_input, key_input, value_input, past_kv_cache_entry=None,
+                   additive_attention_mask=None, attention_mask=None, position_bias=None):
+    import torch
+    import torch.nn.functional as F
+
+    padded = attention_mask is not None and not bool(attention_mask.all())  # all ones (a left-padding tokenizer's
+    # mask of a right-padded batch): plain causal attention at the usual positions
+    if (past_kv_cache_entry is not None or additive_attention_mask is not None or padded
+            or position_bias is not None or torch.is_grad_enabled()):
+        return type(self).forward(self, query_input, key_input, value_input, past_kv_cache_entry,
+                                  additive_attention_mask, attention_mask, position_bias)
+    q, k, v = self.calculate_qkv_matrices(query_input, key_input, value_input)  # hook_q/k/v, qk-norm
+    if self.cfg.positional_embedding_type == "rotary":
+        q = self.hook_rot_q(self.apply_rotary(q, 0, None))
+        k = self.hook_rot_k(self.apply_rotary(k, 0, None))
+    n = q.shape[1]
+    mask = None
+    if self.attn_type == "local" and n > self.cfg.window_size:
+        mask = self._make_causal_mask(query_ctx_length=n, key_ctx_length=n, past_kv_pos_offset=0, device=q.device)
+    z = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.to(q.dtype).transpose(1, 2),
+                                       attn_mask=mask, is_causal=mask is None,
+                                       scale=1.0 / float(self.attn_scale),
+                                       enable_gqa=k.shape[2] != q.shape[2]).transpose(1, 2)
+    z = self.hook_z(z)  # [batch, pos, head_index, d_head], as TransformerLens's calculate_z_scores gives it
+    w = self.W_O.reshape(-1, self.W_O.shape[-1]).T  # [d_model, head_index * d_head]
+    return F.linear(z.reshape(z.shape[0], n, -1).to(w.dtype), w, self.b_O)
+
+
+def _fused_layers(model, hook_names) -> list:
+    names = list(hook_names)
+    if not enabled() or any(not isinstance(h, str) or h.rsplit(".", 1)[-1] in INTERNALS for h in names):
+        return []
+    return [block.attn for block in getattr(model, "blocks", []) if hasattr(block, "attn") and supported(block.attn)]
+
+
+def implementation(model, hook_names=()) -> str:
+    """Which attention a no-grad pass of ``model`` with ``hook_names`` runs: what caches of its outputs record."""
+    return "fused" if _fused_layers(model, hook_names) else "transformer_lens"
+
+
+@contextlib.contextmanager
+def fused_attention(model, hook_names=()):
+    """Within the block, the supported attention layers of ``model`` run fused (see the module docstring);
+    ``hook_names``: the hooks the pass will use (any of ``INTERNALS``, or a non-name filter, keeps
+    TransformerLens's attention everywhere)."""
+    layers = _fused_layers(model, hook_names)
+    for attn in layers:
+        attn.forward = types.MethodType(_fused_forward, attn)
+    try:
+        yield len(layers)
+    finally:
+        for attn in layers:
+            attn.__dict__.pop("forward", None)
