@@ -25,7 +25,8 @@ ModelPathOpt = Annotated[
     Path | None, typer.Option("--model-path", help="local weights (HF folder or .gguf) for --model")
 ]
 DeviceOpt = Annotated[str, typer.Option(help="auto (CUDA when present), cpu, cuda, cuda:1, mps")]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="model dtype: float32, bfloat16, float16")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="model dtype: float32, bfloat16, float16, or auto (bfloat16 "
+                                                        "where the device computes it natively, else float32)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the result as JSON (stdout) instead of a table")]
 ParseSpecialOpt = Annotated[bool, typer.Option(
     "--parse-special", help="treat control-token strings in the text (<|im_start|>...) as control tokens; by "
@@ -261,7 +262,7 @@ def detect(
     detector_dir: Annotated[Path | None, typer.Option(help="where the detector lives (default: user cache)")] = None,
     chat: Annotated[bool, typer.Option("--chat/--raw", help="wrap texts in the chat template (as in training)")] = True,
     device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "float32",
+    dtype: DtypeOpt = "auto",
     seed: Annotated[int | None, typer.Option(help="seed of the training prompts (default 0)")] = None,
     as_json: JsonOpt = False,
 ):

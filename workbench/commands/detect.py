@@ -7,6 +7,7 @@ and the scores file.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +27,8 @@ from workbench.detect.trained import (
 )
 from workbench.errors import WorkbenchError
 from workbench.io import write_json_atomic
+
+log = logging.getLogger(__name__)
 
 
 def train_detector(model, config: DetectorConfig, out: str | Path, progress: bool = True) -> dict:
@@ -91,6 +94,11 @@ def trained_or_loaded(model, config: DetectorConfig, folder: Path, train: bool =
         return train_detector(model, config, folder, progress=progress), True
     detector = load_detector(path)
     check_detector(model, detector, config.layer)
+    now = model.workbench.get("dtype")
+    if detector.get("model_dtype") not in (None, now):  # rounding only: bfloat16 moved AUCs by <= 0.002
+        log.warning("the detector in %s was trained in %s, the model now computes in %s: scores differ by rounding "
+                    "(pass --dtype %s to score as it was trained)", folder, detector["model_dtype"], now,
+                    detector["model_dtype"])
     trained = detector["config"]
     if config.detector == "auto" == trained.get("detector") and set(detector.get("choice") or ()) != set(AUTO):
         raise WorkbenchError(f"the detector in {folder} was chosen among {', '.join(detector.get('choice') or ())}; "

@@ -74,16 +74,25 @@ def probe_report(outcome: dict, out: Path) -> None:
     from workbench.commands.study import results_table
 
     rows = results_table(outcome)
-    panels = sorted({(r["model"], r["condition"]) for r in rows})
+
+    def panel(r: dict) -> tuple:  # one panel per job setting that is not the layer
+        return r["model"], r["condition"], r.get("n_pairs"), r.get("dtype", "float32")
+
+    panels = sorted({panel(r) for r in rows}, key=str)
+    several = {field: len({p[i] for p in panels}) > 1 for i, field in enumerate(("", "", "pairs", "dtype"))}
     fig, axes = plt.subplots(len(panels), 2, figsize=(12, 3.6 * len(panels)), squeeze=False)
-    for m, (name, condition) in enumerate(panels):
-        mine = sorted((r for r in rows if r["model"] == name and r["condition"] == condition), key=lambda r: r["layer"])
+    for m, key in enumerate(panels):
+        name, condition, n_pairs, dtype = key
+        condition = condition + (f", {n_pairs} pairs" if several["pairs"] else "") + (
+            f", {dtype}" if several["dtype"] else "")
+        mine = sorted((r for r in rows if panel(r) == key), key=lambda r: r["layer"])
         layers = [r["layer"] for r in mine]
         ax = axes[m, 0]
         ax.plot(layers, [r["auc_ph"] for r in mine], "o-", label="PH summary + LR")
         ax.plot(layers, [r["auc_probe_rows"] for r in mine], "s--", label="linear probe (per prompt)")
         ax.plot(layers, [r["auc_probe_means"] for r in mine], "^:", label="linear probe (subsample means)")
-        ax.set_ylim(0.4, 1.02)
+        lowest = min(min(r[f] for r in mine) for f in ("auc_ph", "auc_probe_rows", "auc_probe_means"))
+        ax.set_ylim(min(0.4, lowest - 0.05), 1.02)  # never hides an AUC below 0.4
         ax.set_title(f"{name}, {condition}: clean vs adversarial, cross-validated AUC")
         ax.set_xlabel("layer")
         ax.legend(fontsize=8)

@@ -54,15 +54,34 @@ def pick_device(device: str = "auto") -> str:
     return device
 
 
-def _torch_dtype(dtype):
+def fast_bfloat16(device: str) -> bool:
+    """Whether ``device`` computes bfloat16 natively: a CUDA GPU that supports it, or a CPU with AVX512-BF16 or AMX
+    (Linux's CPU flags). Elsewhere bfloat16 matmuls are emulated and slower than float32."""
+    import torch
+
+    if str(device).startswith("cuda"):
+        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    if device != "cpu":
+        return False
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
+
+
+def _torch_dtype(dtype, device: str = "cpu"):
+    """``dtype`` as a torch dtype; ``auto``: bfloat16 where the device computes it natively, else float32."""
     import torch
 
     if isinstance(dtype, torch.dtype):
         return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if fast_bfloat16(device) else torch.float32
     table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
              "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
     if dtype not in table:
-        raise WorkbenchError(f"unknown dtype {dtype!r}: use one of {', '.join(table)}")
+        raise WorkbenchError(f"unknown dtype {dtype!r}: use auto or one of {', '.join(table)}")
     return table[dtype]
 
 
@@ -93,7 +112,7 @@ def load_model(
     """
     spec = resolve(name, model_path)
     device = pick_device(device)
-    torch_dtype = _torch_dtype(dtype)
+    torch_dtype = _torch_dtype(dtype, device)
     started = time.perf_counter()
     if spec.source == "tiny":
         from workbench.models.tiny import tiny_model
