@@ -114,8 +114,7 @@ def test_a_store_made_in_another_dtype_is_never_resumed_or_served(tmp_path):
     capture(f32, prompts, SITES, tmp_path / "s", progress=False)
     assert json.loads((tmp_path / "s" / "manifest.json").read_text())["model_dtype"] == "float32"
     bf16 = load_model("tiny", device="cpu", dtype="bfloat16")
-    # as a real checkpoint loaded in two dtypes: the same file, so the same weights hash (tiny hashes its tensors)
-    bf16.workbench["weights_sha256"] = f32.workbench["weights_sha256"]
+    assert bf16.workbench["weights_sha256"] == f32.workbench["weights_sha256"]  # the same weights, cast
     with pytest.raises(WorkbenchError, match=r"holds another capture \(model_dtype: 'float32' vs 'bfloat16'\)"):
         capture(bf16, prompts, SITES, tmp_path / "s", progress=False)
     config = ProbeConfig(model="tiny")

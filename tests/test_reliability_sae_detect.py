@@ -397,6 +397,7 @@ def test_detect_refuses_a_bad_prompt_file(cache, detectors, tmp_path, content, e
 def test_two_detectors_score_the_same_prompts_with_their_own_work(cache, tiny, detectors, prompts, tmp_path):
     from workbench.commands.detect import load_detector
     from workbench.detect import score_prompts
+    from workbench.models import load_model
 
     scores = {}
     for layer, folder in detectors.items():
@@ -406,9 +407,10 @@ def test_two_detectors_score_the_same_prompts_with_their_own_work(cache, tiny, d
         scores[layer] = [json.loads(line) for line in out.read_text().splitlines()]
     assert scores[1] != scores[2]
     assert len(list((cache / "detect-work").iterdir())) == 2  # one work folder per detector
+    as_cli = load_model("tiny", device="cpu", dtype="auto")  # `workbench detect`'s default dtype
     for layer, folder in detectors.items():  # each matches a from-scratch scoring by its own detector
         records = [json.loads(line) for line in prompts.read_text().splitlines()]
-        fresh = score_prompts(tiny, load_detector(folder / "detector.json"), records, chat=False, progress=False)
+        fresh = score_prompts(as_cli, load_detector(folder / "detector.json"), records, chat=False, progress=False)
         assert [r["score"] for r in scores[layer]] == pytest.approx(fresh.tolist(), abs=1e-9)
     again = tmp_path / "again.jsonl"
     assert run_cli(detect_args(prompts, detectors[1], "--raw", "--out", again))[0] == 0
