@@ -98,7 +98,8 @@ def main() -> None:
             return len(prompts) / (time.perf_counter() - start)
 
         ours, ours_float32 = rate(hooked), rate(float32)
-        os.environ["WORKBENCH_FUSED_ATTENTION"] = "0"  # the baseline as it ran: TransformerLens's attention
+        os.environ["WORKBENCH_FUSED_ATTENTION"] = "0"  # the baselines as they ran: TransformerLens's attention
+        unfused = rate(hooked)
         start = time.perf_counter()
         activation_features(float32, prompts, [6, 12, 18], delta=True, chat=has_chat_template(float32),
                             progress=False)
@@ -111,6 +112,8 @@ def main() -> None:
                  "target": f">= {SCORE_FLOOR:.0f}/s", "ratio": ours / SCORE_FLOOR})
     rows.append({"what": f"{what}, float32: a CPU without bfloat16)", "prompts_per_s": ours_float32,
                  "target": f">= {SCORE_FLOOR:.0f}/s", "ratio": ours_float32 / SCORE_FLOOR})
+    rows.append({"what": f"{what}, {hooked.workbench['dtype']}, TransformerLens attention)",
+                 "prompts_per_s": unfused, "target": "same run", "ratio": ours / unfused})
     rows.append({"what": "baseline: layers 6,12,18 + delta features, float32, TransformerLens attention",
                  "prompts_per_s": baseline, "target": "same run", "ratio": ours / baseline})
     print(f"{len(prompts)} prompts of {tokens:.0f} tokens on average")

@@ -204,3 +204,18 @@ def test_derived_model_registration(tmp_path, monkeypatch):
     (tmp_path / "delta.safetensors").unlink()
     with pytest.raises(WorkbenchError, match="missing"):
         load_model("tiny-doubled", device="cpu")
+
+
+def test_auto_dtype_is_bfloat16_only_where_the_cpu_computes_it(tmp_path, monkeypatch):
+    from workbench.models import loading
+
+    with_bf16, without = tmp_path / "with", tmp_path / "without"
+    with_bf16.write_text("flags\t\t: fpu sse2 avx512f avx512_bf16 amx_tile\n")
+    without.write_text("flags\t\t: fpu sse2 avx2 avx512f\n")
+    assert loading.fast_bfloat16("cpu", with_bf16) and not loading.fast_bfloat16("cpu", without)
+    assert not loading.fast_bfloat16("cpu", tmp_path / "absent") and not loading.fast_bfloat16("mps")
+    for native, expect in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(loading, "fast_bfloat16", lambda device, native=native: native)
+        assert loading.load_model("tiny", device="cpu", dtype="auto").workbench["dtype"] == expect
+    with pytest.raises(WorkbenchError, match="use auto or one of"):
+        loading.load_model("tiny", device="cpu", dtype="float8")

@@ -54,7 +54,7 @@ def pick_device(device: str = "auto") -> str:
     return device
 
 
-def fast_bfloat16(device: str) -> bool:
+def fast_bfloat16(device: str, cpuinfo: str | Path = "/proc/cpuinfo") -> bool:
     """Whether ``device`` computes bfloat16 natively: a CUDA GPU that supports it, or a CPU with AVX512-BF16 or AMX
     (Linux's CPU flags). Elsewhere bfloat16 matmuls are emulated and slower than float32."""
     import torch
@@ -64,7 +64,7 @@ def fast_bfloat16(device: str) -> bool:
     if device != "cpu":
         return False
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        flags = Path(cpuinfo).read_text()
     except OSError:
         return False
     return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
