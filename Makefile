@@ -38,7 +38,7 @@ test: setup browser
 	$(BIN)/python -m pytest $(ARGS)
 
 app: setup
-	$(BIN)/streamlit run apps/main.py
+	$(BIN)/workbench app
 
 bench: setup
 	$(BIN)/python bench/run_all.py $(ARGS)

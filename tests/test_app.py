@@ -178,7 +178,6 @@ def test_quick_probe_runs_to_the_end_and_becomes_the_selected_run(app_env):
 
 def test_probe_job_progress_from_the_bars_and_errors_from_its_log(tmp_path, monkeypatch):
     from wbapp.runs import PROGRESS_FILE, ProbeJob
-
     from workbench import progress
     from workbench.progress import progress_bar, reporting
 
@@ -429,3 +428,43 @@ def test_config_binds_to_localhost():
     config = tomllib.loads((APPS / ".streamlit" / "config.toml").read_text())
     assert config["server"]["address"] == "127.0.0.1" and config["server"]["headless"] is True
     assert config["browser"]["gatherUsageStats"] is False
+
+
+def test_workbench_app_serves_the_installed_app_on_localhost_from_any_folder(tmp_path):
+    """`workbench app` runs the app shipped in the package (workbench.apps, with its script-level settings) from a
+    folder outside the repository, on 127.0.0.1, until stopped; a bad port is one line."""
+    import os
+    import shutil
+    import socket
+    import subprocess
+    import time
+    import urllib.request
+    from importlib.resources import files
+
+    shipped = files("workbench.apps")
+    assert (shipped / "main.py").is_file() and (shipped / ".streamlit" / "config.toml").is_file()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exe = Path(sys.executable).with_name("workbench")
+    bad = subprocess.run([exe, "app", "--port", "0"], capture_output=True, text=True, cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: --port must be between 1 and 65535, got 0"
+    server = subprocess.Popen([exe, "app", "--port", str(port), "--no-browser"], cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**os.environ, "WORKBENCH_APP_MODEL": "tiny"})
+    try:
+        deadline, health = time.time() + 90, None
+        while time.time() < deadline and health != "ok":
+            time.sleep(1)
+            assert server.poll() is None, server.stdout.read()
+            try:
+                health = urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2).read().decode()
+            except OSError:
+                continue
+        assert health == "ok"
+        if shutil.which("ss"):  # the socket table: only the loopback address listens on the port
+            listening = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True).stdout
+            assert listening and all("127.0.0.1:" in line for line in listening.splitlines()), listening
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

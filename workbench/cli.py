@@ -569,6 +569,32 @@ def generate(
                             reward=reward, steer=steer, seed=seed, parse_special=parse_special))
 
 
+@app.command("app")
+def app_command(
+    port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 8501,
+    allow: Annotated[list[Path] | None, typer.Option(
+        help="a further folder the app may read runs and SAEs from (repeatable)")] = None,
+    open_browser: Annotated[bool, typer.Option("--browser/--no-browser", help="open a browser tab")] = True,
+):
+    """Start the Streamlit app from any folder: on localhost only, no usage statistics, no Deploy button."""
+    import subprocess
+    from importlib.resources import files
+
+    from workbench.errors import require
+
+    require("streamlit")
+    if not 1 <= port <= 65535:
+        raise WorkbenchError(f"--port must be between 1 and 65535, got {port}")
+    main_script = Path(str(files("workbench.apps") / "main.py"))
+    if not main_script.is_file():
+        raise WorkbenchError(f"the app is not installed beside the package ({main_script}): reinstall workbench")
+    command = [sys.executable, "-m", "streamlit", "run", str(main_script), "--server.address", "127.0.0.1",
+               "--server.port", str(port), "--server.headless", str(not open_browser).lower(),
+               "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal"]
+    folders = [arg for folder in allow or () for arg in ("--allow", str(folder.resolve()))]
+    raise typer.Exit(subprocess.call(command + (["--", *folders] if folders else [])))
+
+
 study_app = typer.Typer(help="Studies: grids of independent jobs, in-process or on Ray.", no_args_is_help=True)
 app.add_typer(study_app, name="study")
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import streamlit as st
+
 from wbapp.models import default_model
 from wbapp.sae import (
     FEATURES_FILE,
@@ -17,7 +18,6 @@ from wbapp.sae import (
     sae_status,
 )
 from wbapp.ui import missing, user_errors
-
 from workbench.sae.train import EMBEDDINGS_FILE
 
 st.title("Features")

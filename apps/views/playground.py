@@ -5,11 +5,11 @@ without an SAE, the prompt locus takes a typed snippet and the neuron locus type
 """
 
 import streamlit as st
+
 from wbapp.compare import check_neurons, next_token_shift, parse_ints, shift_figure
 from wbapp.models import get_model, load_on_first_use, model_picker, using_model
 from wbapp.sae import sae_picker
 from wbapp.ui import user_errors
-
 from workbench.models import format_chat, has_chat_template
 
 LOCI = ("prompt", "token", "feature", "neuron")

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pandas as pd
 import streamlit as st
+
 from wbapp.models import MODEL_CHOICES, default_model
 from wbapp.runs import ProbeJob, current_run, discover_runs, load_report, select_run
 from wbapp.ui import missing, user_errors
-
 from workbench.errors import WorkbenchError
 from workbench.paths import cache_dir
 from workbench.probe.figures import summary_table

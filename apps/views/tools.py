@@ -4,11 +4,11 @@ import json
 
 import pandas as pd
 import streamlit as st
+
 from wbapp.compare import next_token_shift, shift_figure
 from wbapp.models import default_model, get_model, model_picker, using_model
 from wbapp.runs import REPO
 from wbapp.ui import missing, user_errors
-
 from workbench.models import format_chat, has_chat_template
 
 STUDIES = {

@@ -2,10 +2,10 @@
 
 import pandas as pd
 import streamlit as st
+
 from wbapp.figures import overlay_diagrams
 from wbapp.runs import current_run, load_report
 from wbapp.ui import missing, user_errors
-
 from workbench.probe.figures import auc_figure, betti_figure, effect_heatmap, flow_figure, signature_figure
 from workbench.topology.diagrams import diagrams_from_lists
 from workbench.topology.plots import diagram_figure
