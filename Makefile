@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.workbench-installed
 
-.PHONY: setup probe test app bench clean browser
+.PHONY: setup probe test app bench clean browser lock
 
 $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,3 +45,9 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+# Re-freeze constraints.txt from the working .venv (after changing a dependency): review, test, commit.
+lock: setup
+	{ sed -n '/^# The lock/,/^torch==/p' constraints.txt; \
+	  $(BIN)/python -m pip freeze --exclude-editable | grep -v -i '^torch==' | sort -f; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
