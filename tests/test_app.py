@@ -466,5 +466,6 @@ def test_workbench_app_serves_the_installed_app_on_localhost_from_any_folder(tmp
             listening = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True).stdout
             assert listening and all("127.0.0.1:" in line for line in listening.splitlines()), listening
     finally:
-        server.terminate()
+        server.terminate()  # the command became Streamlit (execv): this stops the server, leaving no orphan
         server.wait(timeout=30)
+    assert subprocess.run(["pgrep", "-f", "--", f"--server.port {port}"], capture_output=True).returncode == 1

@@ -110,8 +110,8 @@ def test_shell_completion_completes_commands_and_options():
     assert out.stdout.split() == ["detect"]
     env.update(COMP_WORDS="workbench detect --pro", COMP_CWORD="2")
     assert subprocess.run([script], capture_output=True, text=True, env=env, check=True).stdout.split() == ["--prompts"]
-    shown = CliRunner().invoke(app, ["--show-completion", "bash"])
-    assert shown.exit_code == 0 and "complete" in shown.output
+    shown = CliRunner().invoke(app, ["--show-completion", "bash"], prog_name="workbench")
+    assert shown.exit_code == 0 and "complete" in shown.output, (shown.output, shown.exception)
 
 
 def test_quiet_silences_every_progress_bar(monkeypatch):

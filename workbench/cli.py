@@ -577,7 +577,7 @@ def app_command(
     open_browser: Annotated[bool, typer.Option("--browser/--no-browser", help="open a browser tab")] = True,
 ):
     """Start the Streamlit app from any folder: on localhost only, no usage statistics, no Deploy button."""
-    import subprocess
+    import os
     from importlib.resources import files
 
     from workbench.errors import require
@@ -592,7 +592,9 @@ def app_command(
                "--server.port", str(port), "--server.headless", str(not open_browser).lower(),
                "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal"]
     folders = [arg for folder in allow or () for arg in ("--allow", str(folder.resolve()))]
-    raise typer.Exit(subprocess.call(command + (["--", *folders] if folders else [])))
+    sys.stdout.flush()
+    # this process becomes Streamlit: a signal to it (Ctrl-C, a supervisor's terminate) stops the server itself
+    os.execv(sys.executable, command + (["--", *folders] if folders else []))
 
 
 study_app = typer.Typer(help="Studies: grids of independent jobs, in-process or on Ray.", no_args_is_help=True)
