@@ -1,4 +1,4 @@
-"""Fused attention for passes that read no attention internals: the same math, a fraction of the time.
+"""Fused attention for passes that read no attention internals: the same math in less time.
 
 TransformerLens computes attention as explicit scores, a ``torch.where`` causal mask, a softmax and a second
 matmul, so that ``hook_attn_scores`` and ``hook_pattern`` can see them; on 2 CPU cores that is about half of a
@@ -8,7 +8,9 @@ those tensors, so inside ``fused_attention`` each supported attention layer runs
 rotary embedding) and its own output projection (``hook_z`` still fires). Everything TransformerLens does that the
 fused kernel does not (a KV cache, padding masks, ALiBi, soft-capping, attention sinks, ...) falls back to its own
 forward, as does any pass that hooks the scores, the pattern or the per-head result, or computes gradients.
-Results equal TransformerLens's up to floating-point rounding (tested against it in float32 and bfloat16).
+Results equal TransformerLens's up to floating-point rounding (tested in float32: within 1e-5 relative; in
+bfloat16 both round differently, and the detectors' AUCs moved by at most 0.005). Forwards on 2 cores ran 1.2x
+(float32) to 1.4x (bfloat16) faster.
 """
 
 from __future__ import annotations
