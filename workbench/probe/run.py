@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import logging
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -49,8 +50,7 @@ def distinct_prompts(records: list[dict], condition: str = "") -> list[dict]:
             seen.add(key)
             kept.append(r)
     if len(kept) < len(records):
-        counts = {label: sum(r.get("label") == label for r in kept) for label in dict.fromkeys(r.get("label")
-                                                                                             for r in records)}
+        counts = dict(Counter(r.get("label") for r in kept))
         log.warning("%s: %d repeated prompts dropped (a repeat is the same point twice); distinct per class: %s",
                     condition or "prompts", len(records) - len(kept), counts)
     return kept
