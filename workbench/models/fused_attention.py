@@ -9,8 +9,8 @@ rotary embedding) and its own output projection (``hook_z`` still fires). Everyt
 fused kernel does not (a KV cache, padding masks, ALiBi, soft-capping, attention sinks, ...) falls back to its own
 forward, as does any pass that hooks the scores, the pattern or the per-head result, or computes gradients.
 Results equal TransformerLens's up to floating-point rounding (tested in float32: within 1e-5 relative; in
-bfloat16 both round differently, and the detectors' AUCs moved by at most 0.005). Forwards on 2 cores ran 1.2x
-(float32) to 1.4x (bfloat16) faster.
+bfloat16 both round differently, and the detectors' AUCs moved by at most 0.005). Hand-timed forwards on 2 cores
+ran 1.2x (float32) to 1.4x (bfloat16) faster; bench_detect's scoring path showed no gain (0.99x) in one run.
 """
 
 from __future__ import annotations
