@@ -46,11 +46,20 @@ class TokenProbe(TransformerMixin, BaseEstimator):
         if not positive.any() or not negative.any():
             raise WorkbenchError("the token probe needs injected rows whose inserted tokens it can see "
                                  "(an 'inserted_span' on the training records) and document tokens besides")
-        pos, neg = acts[positive], acts[negative]
-        every = np.concatenate([pos, neg])
-        self.mean_ = every.mean(0)
-        self.scale_ = every.std(0) + 1e-6
-        direction = ((pos - self.mean_) / self.scale_).mean(0) - ((neg - self.mean_) / self.scale_).mean(0)
+        # the class means and the spread of every valid token, in chunks of rows: standardized copies of ~10^5
+        # tokens x width made this fit a tenth of a detector's training time. The standardized mean difference
+        # ((pos - mean) / scale).mean(0) - ((neg - mean) / scale).mean(0) is (pos.mean(0) - neg.mean(0)) / scale.
+        total, pos_sum = np.zeros(acts.shape[-1]), np.zeros(acts.shape[-1])
+        for rows in _chunks(len(acts)):
+            total += acts[rows][valid[rows]].sum(0)
+            pos_sum += acts[rows][positive[rows]].sum(0)
+        n, n_pos = int(valid.sum()), int(positive.sum())
+        self.mean_ = total / n
+        squares = np.zeros(acts.shape[-1])
+        for rows in _chunks(len(acts)):
+            squares += ((acts[rows][valid[rows]] - self.mean_) ** 2).sum(0)
+        self.scale_ = np.sqrt(squares / n) + 1e-6
+        direction = (pos_sum / n_pos - (total - pos_sum) / (n - n_pos)) / self.scale_
         self.direction_ = direction / (np.linalg.norm(direction) + 1e-12)
         self.n_features_in_ = X.shape[1] if hasattr(X, "shape") else np.asarray(X).shape[1]
         return self
@@ -58,7 +67,8 @@ class TokenProbe(TransformerMixin, BaseEstimator):
     def token_scores(self, X) -> tuple[np.ndarray, np.ndarray]:
         """Each sampled token's score along the direction, and which tokens are real (not padding)."""
         acts, valid, _ = self._split(X)
-        return ((acts - self.mean_) / self.scale_) @ self.direction_, valid
+        weights = self.direction_ / self.scale_  # ((acts - mean) / scale) @ direction without the standardized copy
+        return acts @ weights - self.mean_ @ weights, valid
 
     def transform(self, X):
         scores, valid = self.token_scores(X)
@@ -69,3 +79,7 @@ class TokenProbe(TransformerMixin, BaseEstimator):
         best = np.where(n > 0, ranked[:, 0], 0.0)
         mean = np.where(n > 0, np.where(valid, scores, 0).sum(1) / np.maximum(n, 1), 0.0)
         return np.c_[best, top, mean]
+
+
+def _chunks(n: int, size: int = 64):
+    return (slice(i, i + size) for i in range(0, n, size))
