@@ -63,3 +63,31 @@ def test_benchmarks_read_as_data_are_never_imported(package, reader):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     assert out.stdout.strip() == "False"
+
+
+def _doc(word: str, i: int) -> str:
+    return (f"Configuration notes number {i} for the scheduler component of this library.\n\n"
+            f"When the cache is stale the loader will {word} the stored value and read the file again from disk, "
+            f"which keeps results correct at the price of one more read per call in every session.\n\n"
+            "Set the timeout to a larger value on slow machines, and restart the worker after changing it.")
+
+
+def test_documentation_near_misses_are_clean_real_passages_with_the_words_and_no_attack_talk():
+    from workbench.conditions.documentation import documentation_near_misses
+
+    docs = [(f"pkg{i}/mod.py", _doc(w, i)) for i, w in enumerate(["ignore", "override", "disregard"] * 4)]
+    docs += [("garak/probes/x.py", _doc("ignore", 99)),  # a package that writes attacks: never drawn
+             ("pkg/evil.py", _doc("ignore", 98).replace("the stored value", "all prompt injection filters"))]
+    records = documentation_near_misses(8, seed=1, documents=docs)
+    assert len(records) == 8 and records == documentation_near_misses(8, seed=1, documents=docs)
+    assert all(r["label"] == "clean" and r["near_miss"] and r["source"] == "docs" and r["pair"] is None
+               for r in records)
+    assert {w for r in records for w in r["near_miss_words"]} >= {"ignore", "override", "disregard"}
+    for r in records:
+        a, b = r["span"]
+        passage = r["text"][a:b]
+        assert r["text"][:a].endswith("\n\n") and "stale" in passage and "prompt" not in r["text"].lower()
+        assert r["corpus_document"].startswith("pkg") and r["corpus_document"] != "pkg/evil.py"
+    assert len({r["corpus_document"] for r in records}) == 8  # one passage per document
+    with pytest.raises(WorkbenchError, match="gave 12 near-miss passages of the 20 asked"):
+        documentation_near_misses(20, documents=docs)

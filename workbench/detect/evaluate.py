@@ -80,11 +80,12 @@ def choose(template, acts, layers, text, y, groups, rows, seed: int = 0, fixed: 
             settings = {**resolved, "C": C}
             scores, oof = [], np.full(len(y), np.nan)
             for fit_rows, val_rows in _inner_folds(groups, seed):
-                if len(set(y[fit_rows])) < 2 or len(set(y[val_rows])) < 2:
+                if len(set(y[fit_rows])) < 2:
                     continue
                 det = Detector("inner", blocks, settings=settings).fit(X[fit_rows], y[fit_rows])
-                oof[val_rows] = det.predict_proba(X[val_rows])
-                scores.append(metrics.auc(y[val_rows], oof[val_rows]))
+                oof[val_rows] = det.predict_proba(X[val_rows])  # a clean-only group: scored for the threshold
+                if len(set(y[val_rows])) == 2:
+                    scores.append(metrics.auc(y[val_rows], oof[val_rows]))
             mean = float(np.mean(scores)) if scores else -math.inf
             if layer not in per_layer or mean > per_layer[layer][1]:
                 per_layer[layer] = (C, mean)
@@ -125,11 +126,13 @@ def evaluate(acts: dict, text: dict, layers: list[int], labels: Sequence[int], g
     groups, lengths = np.asarray(groups), np.asarray(lengths, dtype=float)
     near = np.zeros(len(y), bool) if near_miss is None else np.asarray(near_miss, bool)
     detectors = detectors or DETECTORS
-    names = sorted(set(groups))
+    # a group of one class (the documentation near-misses, clean only) has no AUC: it trains in every split
+    always = sorted({str(g) for g in groups if len(set(y[groups == g])) < 2})
+    names = sorted(set(groups) - set(always))
     if len(names) < 2:
-        raise WorkbenchError(f"leave-one-out needs at least two groups, got {names}")
-    train_mask = None if train_on is None else np.isin(groups, list(train_on))
-    if train_mask is not None and (not train_mask.any() or train_mask.all()):
+        raise WorkbenchError(f"leave-one-out needs at least two groups with both classes, got {names}")
+    train_mask = None if train_on is None else np.isin(groups, [*train_on, *always])
+    if train_mask is not None and (not np.isin(groups, list(train_on)).any() or train_mask.all()):
         raise WorkbenchError(f"train_on {list(train_on)} must name some of the groups {names}, not all of them")
     held_out = [str(g) for g in names if train_mask is None or g not in set(train_on)]
     rows = []

@@ -27,7 +27,10 @@ from workbench.models.loading import model_identity
 FORMAT = 2
 DEFAULT_PAIRS = 60  # per source: five sources, 600 prompts, trained in about 3 minutes on 2 cores
 MIN_PAIRS = 14  # every source needs both classes in every inner fold
-SOURCES = ("generator", "agentdojo", "garak")
+# "docs": benign near-misses from real documentation (clean only; in every training set, never held out), so a
+# detector sees benign imperatives and "system"/"ignore"/"override" even when the generator, whose near-misses
+# were the only ones, is held out (conditions.documentation)
+SOURCES = ("generator", "agentdojo", "garak", "docs")
 # What ``detector="auto"`` chooses among: the activation detectors. The baselines, and the topological views
 # (the token-cloud barcode, alone or beside the span features, and the reference-cloud change), stay in
 # `workbench detect eval` and `--detector NAME`: in studies/injection_detection they never beat the span
@@ -113,8 +116,8 @@ def resolve_layer(model, layer: int | None) -> int | None:
 
 def source_records(sources=SOURCES, n_pairs: int = 100, seed: int = 0) -> list[dict]:
     """Matched pairs from each source, tagged with ``source``: the generator, each AgentDojo suite apart
-    (``agentdojo:banking`` ...), so that leaving one source out leaves out a whole environment, and garak's
-    latent-injection probes as one source."""
+    (``agentdojo:banking`` ...), so that leaving one source out leaves out a whole environment, garak's
+    latent-injection probes as one source, and ``n_pairs`` clean documentation near-misses ("docs")."""
     from workbench.conditions import get_condition
 
     unknown = [s for s in sources if s not in SOURCES]
@@ -133,6 +136,10 @@ def source_records(sources=SOURCES, n_pairs: int = 100, seed: int = 0) -> list[d
         from workbench.conditions.garak import garak_records
 
         records += garak_records(n_pairs=n_pairs, seed=seed)
+    if "docs" in sources:
+        from workbench.conditions.documentation import documentation_near_misses
+
+        records += documentation_near_misses(n_pairs, seed=seed)
     return records
 
 
