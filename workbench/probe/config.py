@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from workbench.conditions import CONDITIONS
 from workbench.errors import WorkbenchError
 
-LAYER_PROTOCOL = 2  # bump when analyze_layer's output changes: cached layers of another protocol are recomputed
+LAYER_PROTOCOL = 3  # bump when analyze_layer's output changes: cached layers of another protocol are recomputed
 MIN_POINTS = 10  # fewest points per subsampled cloud the protocol accepts
 
 
