@@ -35,19 +35,66 @@ def neuron_cloud(v_l, v_lp) -> np.ndarray:
 
 
 def total_h1_persistence(cloud: np.ndarray, method: str = "alpha") -> float:
-    """Sum of finite H1 lifetimes of a 2-D cloud; 0 for a cloud with fewer than 3 distinct points."""
-    from workbench.topology.persistence import alpha_persistence, rips_persistence
+    """Sum of finite H1 lifetimes of a 2-D cloud (diameter scale); 0 for fewer than 3 distinct points."""
+    from workbench.topology.persistence import rips_persistence
 
+    if method == "alpha":
+        return alpha_total_h1(cloud)
+    if method != "rips":
+        raise WorkbenchError(f"unknown method {method!r}; use 'alpha' or 'rips'")
     if len(np.unique(cloud, axis=0)) < 3:
         return 0.0
-    if method == "alpha":
-        dgm = alpha_persistence(cloud, maxdim=1).dgms[1]
-    elif method == "rips":
-        dgm = rips_persistence(cloud, maxdim=1, n_threads=1).dgms[1]
-    else:
-        raise WorkbenchError(f"unknown method {method!r}; use 'alpha' or 'rips'")
+    dgm = rips_persistence(cloud, maxdim=1, n_threads=1).dgms[1]
     finite = dgm[np.isfinite(dgm[:, 1])]
     return float((finite[:, 1] - finite[:, 0]).sum())
+
+
+def alpha_total_h1(cloud: np.ndarray) -> float:
+    """Total H1 persistence of the Alpha complex of a planar cloud, on ``alpha_persistence``'s diameter scale,
+    without pairing a single bar.
+
+    The Delaunay triangulation is contractible and planar, so every triangle kills an H1 class (none can
+    create H2) and every edge either joins two components (a minimum-spanning-tree edge) or creates a
+    class. Hence total H1 = sum of triangle values - sum of edge values + sum of MST edge values, whatever
+    the pairing. Values are gudhi's: a triangle's squared circumradius; an edge's squared half-length when no
+    opposite vertex lies inside its diametral circle (Gabriel), else the smallest of its triangles' values.
+    Equal to the gudhi diagrams' sum within 1e-9 relative (tests), 1.5x faster: the flow runs thousands."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import minimum_spanning_tree
+    from scipy.spatial import Delaunay, QhullError
+
+    P = np.asarray(cloud, dtype=np.float64)
+    try:
+        tri = Delaunay(P)  # repeated points are left out of the triangulation, as gudhi leaves them
+    except (QhullError, ValueError):  # fewer than 3 distinct points, or all on one line: no triangle, no H1
+        return 0.0
+    T, nbr = tri.simplices, tri.neighbors
+    a, b, c = P[T[:, 0]], P[T[:, 1]], P[T[:, 2]]
+    ab, ac, bc = b - a, c - a, c - b
+    cross = ab[:, 0] * ac[:, 1] - ab[:, 1] * ac[:, 0]
+    f_tri = (bc * bc).sum(1) * (ac * ac).sum(1) * (ab * ab).sum(1) / (4 * cross * cross)
+    # edge k of triangle t is the one opposite its vertex k; an inner edge is listed by both its triangles
+    ends = np.stack([T[:, [1, 2]], T[:, [0, 2]], T[:, [0, 1]]], axis=1)  # (n_tri, 3, 2)
+    p, q, r = P[ends[..., 0]], P[ends[..., 1]], P[T]
+    attached = ((p - r) * (q - r)).sum(-1) < 0  # the opposite vertex sees the edge at an obtuse angle
+    t_idx = np.broadcast_to(np.arange(len(T))[:, None], nbr.shape)
+    first = (nbr < t_idx)  # keep each edge once: from the triangle of higher index, or its only one
+    t, k = np.nonzero(first)
+    s = nbr[t, k]
+    inner = s >= 0
+    k_s = np.argmax(nbr[s[inner]] == t[inner, None], axis=1)  # the same edge's slot in the neighbour
+    att = attached[t, k].copy()
+    att[inner] |= attached[s[inner], k_s]
+    f_min = f_tri[t].copy()
+    f_min[inner] = np.minimum(f_min[inner], f_tri[s[inner]])
+    half = ((p[t, k] - q[t, k]) ** 2).sum(1) / 4
+    f_edge = np.where(att, f_min, half)
+    scale = lambda v: 2.0 * np.sqrt(np.maximum(v, 0.0))  # noqa: E731  gudhi's squared radii -> diameters
+    w = scale(f_edge)
+    u, v = ends[t, k, 0], ends[t, k, 1]
+    tiny = np.finfo(np.float64).tiny  # csgraph reads a stored 0 as no edge
+    mst = minimum_spanning_tree(coo_matrix((w + tiny, (u, v)), shape=(len(P), len(P))))
+    return float(scale(f_tri).sum() - w.sum() + (mst.data - tiny).sum())
 
 
 @dataclass
