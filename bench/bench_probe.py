@@ -2,10 +2,14 @@
 
 Runs the CLI in a fresh process and a fresh output folder (model load, imports, prompt generation,
 capture, per-layer topology, neuron flow, report), and reads the per-stage seconds the report
-records. Budgets (the issue's targets on the embedded default, 2 CPU cores): --quick <= 120 s,
-the default <= 600 s; the ratios are measured time / budget (<= 1 passes).
+records. Budgets (the issue's targets on the embedded default, 2 CPU cores): --quick <= 45 s,
+the default <= 300 s; the ratios are measured time / budget (<= 1 passes).
 
-    python bench/bench_probe.py [--quick] [--model smollm2-135m]
+``--dtypes float32,bfloat16`` runs each setting in both model dtypes and reports what the faster one changes
+in the probe's results, layer by layer against float32: the topology and probe AUCs, Hedges' g of every
+summary feature, and the features called moved (q < 0.05).
+
+    python bench/bench_probe.py [--quick] [--model smollm2-135m] [--dtypes float32[,bfloat16]]
 """
 
 from __future__ import annotations
@@ -20,13 +24,14 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
-BUDGET_S = {"quick": 120.0, "default": 600.0}
+BUDGET_S = {"quick": 45.0, "default": 300.0}
 
 
-def time_probe(model: str, quick: bool) -> dict:
+def time_probe(model: str, quick: bool, dtype: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "probe"
-        command = [str(Path(sys.executable).with_name("workbench")), "probe", "--model", model, "--out", str(out)]
+        command = [str(Path(sys.executable).with_name("workbench")), "probe", "--model", model, "--out", str(out),
+                   "--dtype", dtype]
         if quick:
             command.append("--quick")
         started = time.perf_counter()
@@ -40,24 +45,54 @@ def time_probe(model: str, quick: bool) -> dict:
         "wall_seconds": round(wall, 1), "stage_seconds": stages,
         "startup_and_report_seconds": round(wall - staged, 1),
         "n_pairs": config["n_pairs"], "layers": len(next(iter(report["conditions"].values()))["layers"]),
-        "k": config["k"], "K": config["K"],
+        "k": config["k"], "K": config["K"], "dtype": dtype, "report": report,
     }
+
+
+def deviation(reference: dict, other: dict) -> dict:
+    """What ``other``'s probe results change against ``reference``'s (float32), over every condition and layer."""
+    d_topo, d_rows, d_g, moved_same, layers = [], [], [], 0, 0
+    for cond, ref in reference["conditions"].items():
+        for a, b in zip(ref["layers"], other["conditions"][cond]["layers"], strict=True):
+            d_topo.append(abs(a["auc_topology"] - b["auc_topology"]))
+            d_rows.append(abs(a["auc_probe_rows"] - b["auc_probe_rows"]))
+            d_g += [abs(x - y) for x, y in zip(a["g"], b["g"], strict=True)]
+            moved_same += sorted(a.get("moved", [])) == sorted(b.get("moved", []))
+            layers += 1
+    mean = lambda v: round(sum(v) / len(v), 4)  # noqa: E731
+    return {"auc_topology_max_abs_diff": round(max(d_topo), 4), "auc_topology_mean_abs_diff": mean(d_topo),
+            "auc_probe_rows_max_abs_diff": round(max(d_rows), 4), "hedges_g_max_abs_diff": round(max(d_g), 3),
+            "hedges_g_mean_abs_diff": mean(d_g), "layers_with_the_same_moved_features": f"{moved_same}/{layers}"}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--quick", action="store_true", help="time only `workbench probe --quick`")
+    parser.add_argument("--dtypes", default="float32,bfloat16",
+                        help="model dtypes to run, comma-separated; the first is the reference of the deviation")
     args = parser.parse_args()
+    dtypes = args.dtypes.split(",")
     results = {"model": args.model, "cpu_count": os.cpu_count(), "load_average_before": os.getloadavg()}
     for name in ("quick",) if args.quick else ("quick", "default"):
-        run = time_probe(args.model, quick=name == "quick")
-        run["budget_seconds"] = BUDGET_S[name]
-        run["ratio_to_budget"] = round(run["wall_seconds"] / BUDGET_S[name], 2)
-        results[name] = run
-        print(f"workbench probe{' --quick' if name == 'quick' else ''}: {run['wall_seconds']:.0f} s wall "
-              f"({run['n_pairs']} pairs, {run['layers']} layers; stages {run['stage_seconds']}) = "
-              f"{run['ratio_to_budget']:.2f}x the {BUDGET_S[name]:.0f} s budget")
+        runs = {}
+        for dtype in dtypes:
+            run = time_probe(args.model, quick=name == "quick", dtype=dtype)
+            run["budget_seconds"] = BUDGET_S[name]
+            run["ratio_to_budget"] = round(run["wall_seconds"] / BUDGET_S[name], 2)
+            runs[dtype] = run
+            print(f"workbench probe{' --quick' if name == 'quick' else ''} --dtype {dtype}: {run['wall_seconds']:.0f} s "
+                  f"wall ({run['n_pairs']} pairs, {run['layers']} layers; stages {run['stage_seconds']}) = "
+                  f"{run['ratio_to_budget']:.2f}x the {BUDGET_S[name]:.0f} s budget")
+        reference = runs[dtypes[0]]["report"]
+        for dtype in dtypes[1:]:
+            runs[dtype]["deviation_from_" + dtypes[0]] = deviation(reference, runs[dtype]["report"])
+            runs[dtype]["speedup_over_" + dtypes[0]] = round(runs[dtypes[0]]["wall_seconds"] / runs[dtype]["wall_seconds"], 2)
+            print(f"  {dtype} vs {dtypes[0]}: {runs[dtype]['deviation_from_' + dtypes[0]]}, "
+                  f"{runs[dtype]['speedup_over_' + dtypes[0]]}x faster")
+        for run in runs.values():
+            del run["report"]
+        results[name] = runs
     results["load_average_after"] = os.getloadavg()
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / ("probe_quick.json" if args.quick else "probe.json")).write_text(json.dumps(results, indent=1))
