@@ -189,3 +189,14 @@ def test_the_threshold_is_read_from_out_of_fold_scores_so_it_holds_on_unseen_gro
     unseen_clean = s_test[y[test] == 0]
     assert metrics.false_positive_rate(unseen_clean, in_sample) > 0.3
     assert metrics.false_positive_rate(unseen_clean, out_of_fold) < 0.2
+
+
+def test_training_on_the_documentation_near_misses_alone_is_refused_in_one_line(tiny, monkeypatch):
+    """docs is clean only: a detector trained on it alone would have no injected row."""
+    from tests.test_conditions import _doc
+    from workbench.detect import DetectorConfig, fit_detector
+
+    docs = [(f"pkg{i}/mod.py", _doc(w, i)) for i, w in enumerate(["ignore", "override", "system"] * 6)]
+    monkeypatch.setattr("workbench.data.corpus.keyed_documents", lambda split="heldout": docs)
+    with pytest.raises(WorkbenchError, match="one class only"):
+        fit_detector(tiny, DetectorConfig(model="tiny", n_pairs=14, sources=["docs"]), progress=False)
