@@ -60,6 +60,9 @@ def test_all_positions_keep_tokens_and_offsets(tiny, tmp_path):
     assert store.get("blocks.0.hook_resid_post").shape[0] == n_tokens == len(table["token_ids"])
     assert table["row_index"].tolist() == sorted(table["row_index"].tolist())
     assert set(table["row_index"].tolist()) == set(range(5))
+    for r, prompt in enumerate(prompts):  # run shortest first within a shard, stored in file order
+        ids = [tiny.tokenizer.bos_token_id, *tiny.tokenizer(prompt["text"], add_special_tokens=False)["input_ids"]]
+        assert table["token_ids"][table["row_index"] == r].tolist() == ids
     assert store.get("blocks.0.hook_resid_post", label="b").shape[0] == sum(
         len(p["text"].encode()) + 1 for p in prompts if p["label"] == "b")
 

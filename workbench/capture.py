@@ -370,32 +370,43 @@ def _fill(model, store, records, sites, positions, batch_size, max_tokens, store
         buffer_truncated.clear()
 
     try:
-        for begin in range(start, len(records), batch_size):
-            batch = records[begin : begin + batch_size]
-            ids, offsets, truncated = tokenize(model, [r["text"] for r in batch], max_tokens, parse_special,
+        # a shard's prompts run shortest first, so a batch pads to a similar length (the probe's prompts in file
+        # order padded 36% more tokens than they hold; sorted within 1,024 rows, 0.6%), and their rows are written
+        # back in file order, one shard per chunk: the store and its resume do not see the order they ran in
+        for begin in range(start, len(records), shard_rows):
+            chunk = records[begin : begin + shard_rows]
+            ids, offsets, truncated = tokenize(model, [r["text"] for r in chunk], max_tokens, parse_special,
                                                warn=False)
             n_truncated += len(truncated)
-            lengths = [len(x) for x in ids]
-            tokens = pad_batch(model, ids).to(device)
-            length_t = torch.tensor(lengths, device=device)
-            real = torch.arange(tokens.shape[1], device=device)[None, :] < length_t[:, None]
-            mask = span_masks(offsets, [r[span_field] for r in batch], lengths, device) if positions == "span" else real
-            got = run_sites(model, tokens, sites, positions, length_t, mask)
-            shard_base = len(buffer_rows)
-            for site in sites:
-                buffer.setdefault(site, []).append(got[site].to("cpu", store_dtype))
-            if positions == "all":
-                rows_of_tokens = torch.arange(len(batch))[:, None].expand_as(real.cpu())[real.cpu()] + shard_base
-                buffer.setdefault("row_index", []).append(rows_of_tokens)
-                buffer.setdefault("token_ids", []).append(tokens.cpu()[real.cpu()])
-                flat_offsets = [o for offs in offsets for o in offs]
-                buffer.setdefault("offsets", []).append(torch.tensor(flat_offsets, dtype=torch.long).reshape(-1, 2))
-            buffer_truncated.extend(shard_base + t for t in truncated)
-            buffer_rows.extend(batch)
-            bar.update(len(batch))
-            if len(buffer_rows) >= shard_rows:
-                flush()
-        flush()
+            order = sorted(range(len(chunk)), key=lambda i: len(ids[i]))
+            rows: list = [None] * len(chunk)  # per prompt: {site: activations, and token data for "all"}
+            for at in range(0, len(order), batch_size):
+                picked = order[at : at + batch_size]
+                lengths = [len(ids[i]) for i in picked]
+                tokens = pad_batch(model, [ids[i] for i in picked]).to(device)
+                length_t = torch.tensor(lengths, device=device)
+                real = torch.arange(tokens.shape[1], device=device)[None, :] < length_t[:, None]
+                mask = span_masks([offsets[i] for i in picked], [chunk[i][span_field] for i in picked], lengths,
+                                  device) if positions == "span" else real
+                got = run_sites(model, tokens, sites, positions, length_t, mask)
+                per_row = {site: (got[site].split(lengths) if positions == "all" else got[site].unbind(0))
+                           for site in sites}
+                for j, i in enumerate(picked):
+                    rows[i] = {site: per_row[site][j].to("cpu", store_dtype) for site in sites}
+                    if positions == "all":
+                        rows[i]["token_ids"] = tokens[j, : lengths[j]].cpu()
+                bar.update(len(picked))
+            for i, row in enumerate(rows):  # file order
+                for site in sites:
+                    buffer.setdefault(site, []).append(row[site] if positions == "all" else row[site][None])
+                if positions == "all":
+                    n = len(row["token_ids"])
+                    buffer.setdefault("row_index", []).append(torch.full((n,), len(buffer_rows), dtype=torch.long))
+                    buffer.setdefault("token_ids", []).append(row["token_ids"])
+                    buffer.setdefault("offsets", []).append(torch.tensor(offsets[i], dtype=torch.long).reshape(-1, 2))
+                buffer_rows.append(chunk[i])
+            buffer_truncated.extend(len(buffer_rows) - len(chunk) + t for t in truncated)
+            flush()
     finally:
         bar.close()
         if n_truncated:
