@@ -53,7 +53,9 @@ def deviation(reference: dict, other: dict) -> dict:
     """What ``other``'s probe results change against ``reference``'s (float32), over every condition and layer."""
     d_topo, d_rows, d_g, moved_same, layers = [], [], [], 0, 0
     for cond, ref in reference["conditions"].items():
-        for a, b in zip(ref["layers"], other["conditions"][cond]["layers"], strict=True):
+        theirs = other["conditions"][cond]["layers"]
+        for layer, a in ref["layers"].items():
+            b = theirs[layer]
             d_topo.append(abs(a["auc_topology"] - b["auc_topology"]))
             d_rows.append(abs(a["auc_probe_rows"] - b["auc_probe_rows"]))
             d_g += [abs(x - y) for x, y in zip(a["g"], b["g"], strict=True)]
