@@ -7,7 +7,8 @@ the default <= 300 s; the ratios are measured time / budget (<= 1 passes).
 
 ``--dtypes float32,bfloat16`` runs each setting in both model dtypes and reports what the faster one changes
 in the probe's results, layer by layer against float32: the topology and probe AUCs, Hedges' g of every
-summary feature, and the features called moved (q < 0.05).
+summary feature, and the features called moved (q < 0.05); beside it, the yardstick: what the float32 run's own
+results move by when its activations are analysed again with another subsample seed (``noise_floor``).
 
     python bench/bench_probe.py [--quick] [--model smollm2-135m] [--dtypes float32[,bfloat16]]
 """
@@ -21,13 +22,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
 BUDGET_S = {"quick": 45.0, "default": 300.0}
 
 
-def time_probe(model: str, quick: bool, dtype: str) -> dict:
+def time_probe(model: str, quick: bool, dtype: str, noise_floor: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "probe"
         command = [str(Path(sys.executable).with_name("workbench")), "probe", "--model", model, "--out", str(out),
@@ -38,6 +40,7 @@ def time_probe(model: str, quick: bool, dtype: str) -> dict:
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "TQDM_DISABLE": "1"})
         wall = time.perf_counter() - started
         report = json.loads((out / "report.json").read_text())
+        floor = protocol_noise(out, report) if noise_floor else None
     stages = {c: r["seconds"] for c, r in report["conditions"].items()}
     staged = sum(sum(s.values()) for s in stages.values())
     config = report["config"]
@@ -46,7 +49,40 @@ def time_probe(model: str, quick: bool, dtype: str) -> dict:
         "startup_and_report_seconds": round(wall - staged, 1),
         "n_pairs": config["n_pairs"], "layers": len(next(iter(report["conditions"].values()))["layers"]),
         "k": config["k"], "K": config["K"], "dtype": dtype, "report": report,
+        **({"noise_floor": floor} if floor else {}),
     }
+
+
+def protocol_noise(out: Path, report: dict) -> dict:
+    """The yardstick for a dtype's deviation: what the run's own results move by when its stored activations are
+    analysed again with another subsample seed, or only rounded to bfloat16 (no bfloat16 forward)."""
+    import torch
+
+    import workbench.probe.run as run
+    from workbench.probe import ProbeConfig
+    from workbench.store import ActivationStore
+
+    config = ProbeConfig.from_dict(report["config"])
+    exact = run.class_clouds
+
+    def rounded(store, site, adversarial):
+        return tuple(torch.from_numpy(c).to(torch.bfloat16).float().numpy() for c in exact(store, site, adversarial))
+
+    def again(seed: int, clouds) -> dict:
+        run.class_clouds = clouds
+        try:
+            conditions = {}
+            for condition in report["conditions"]:
+                store = ActivationStore(out / "stores" / condition)
+                with tempfile.TemporaryDirectory() as work:
+                    result = run.analyze_condition(store, condition, replace(config, seed=seed), Path(work), False)
+                conditions[condition] = {"layers": {str(L): r.to_dict() for L, r in result.layers.items()}}
+            return {"conditions": conditions}
+        finally:
+            run.class_clouds = exact
+
+    return {"other_subsample_seed": deviation(report, again(config.seed + 1, exact)),
+            "bfloat16_rounded_storage_only": deviation(report, again(config.seed, rounded))}
 
 
 def deviation(reference: dict, other: dict) -> dict:
@@ -79,10 +115,12 @@ def main() -> None:
     for name in ("quick",) if args.quick else ("quick", "default"):
         runs = {}
         for dtype in dtypes:
-            run = time_probe(args.model, quick=name == "quick", dtype=dtype)
+            run = time_probe(args.model, quick=name == "quick", dtype=dtype, noise_floor=dtype == dtypes[0])
             run["budget_seconds"] = BUDGET_S[name]
             run["ratio_to_budget"] = round(run["wall_seconds"] / BUDGET_S[name], 2)
             runs[dtype] = run
+            if "noise_floor" in run:
+                print(f"  noise floor of the {dtype} run: {run['noise_floor']}")
             print(f"workbench probe{' --quick' if name == 'quick' else ''} --dtype {dtype}: {run['wall_seconds']:.0f} s "
                   f"wall ({run['n_pairs']} pairs, {run['layers']} layers; stages {run['stage_seconds']}) = "
                   f"{run['ratio_to_budget']:.2f}x the {BUDGET_S[name]:.0f} s budget")
