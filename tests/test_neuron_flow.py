@@ -105,3 +105,20 @@ def test_alpha_total_h1_without_pairing_equals_the_sum_of_gudhis_bars(kind):
     expected = float((bars[:, 1] - bars[:, 0]).sum())
     assert alpha_total_h1(X) == pytest.approx(expected, rel=1e-8, abs=1e-9)
     assert (expected > 1) == (kind not in ("collinear",))  # the check is not vacuous
+
+
+def test_total_h1_refuses_bad_clouds_instead_of_reading_them_as_empty():
+    """The planar shortcut never turns NaN into a zero; other dimensions take the validated diagram path."""
+    from workbench.errors import WorkbenchError
+    from workbench.topology.neuron_flow import alpha_total_h1
+    from workbench.topology.persistence import alpha_persistence
+
+    bad = np.random.default_rng(0).normal(size=(50, 2))
+    bad[3, 1] = np.nan
+    with pytest.raises(WorkbenchError, match="NaN"):
+        total_h1_persistence(bad)
+    with pytest.raises(WorkbenchError, match="NaN"):
+        alpha_total_h1(bad)
+    cube = np.random.default_rng(1).normal(size=(80, 3))
+    bars = alpha_persistence(cube).dgms[1]
+    assert total_h1_persistence(cube) == pytest.approx(float((bars[:, 1] - bars[:, 0]).sum()))

@@ -127,7 +127,7 @@ def evaluate(acts: dict, text: dict, layers: list[int], labels: Sequence[int], g
     near = np.zeros(len(y), bool) if near_miss is None else np.asarray(near_miss, bool)
     detectors = detectors or DETECTORS
     # a group of one class (the documentation near-misses, clean only) has no AUC: it trains in every split
-    always = sorted({str(g) for g in groups if len(set(y[groups == g])) < 2})
+    always = sorted(str(g) for g in set(groups) if len(set(y[groups == g])) < 2)
     names = sorted(set(groups) - set(always))
     if len(names) < 2:
         raise WorkbenchError(f"leave-one-out needs at least two groups with both classes, got {names}")
