@@ -1,14 +1,23 @@
-"""Single-query decode attention on plain tensors: dense, over selected keys, and Tactic's selection.
+"""Single-query decode attention on plain tensors: dense, and Tactic's sparse attention over a clustered cache.
 
-The hooked model always computes dense scores, so the speed of a sparse method is measured
-here, on the queries, keys and values of one decode step (``bench/bench_attention.py``). These
-functions know nothing of models or hooks; the selectors in ``workbench.tools.sparse_attention``
-reuse ``kmeans`` and ``TailFit`` so the quality numbers and the timed kernel pick the same keys.
+The hooked model always computes dense scores, so the speed of a sparse method is measured here,
+on the queries, keys and values of one decode step (``bench/bench_attention.py``). Tensors use the
+KV-cache layout ``[kv_heads, n, d]``; queries are ``[heads, d]`` with grouped-query heads in order.
+
+Tactic's clusters are a *layout*: ``cluster_cache`` sorts the prefill cache by k-means cluster once
+(attention does not depend on the order of keys, and rotary position is already in them), so a
+cluster is a contiguous run of rows, and a decode step reads the centroids (1/16 of the keys), the
+clusters it ranks first and two small tail samples, nothing else. Every step is batched over KV
+and query heads, with no Python loop per head or per cluster. The selectors in
+``workbench.tools.sparse_attention`` call ``tactic_select`` with the model's own scores, so the
+quality numbers and the timed kernel pick the same keys.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -29,142 +38,241 @@ def kmeans(x: torch.Tensor, n_clusters: int, iters: int = 10) -> tuple[torch.Ten
     return centroids, torch.cdist(x, centroids).argmin(-1)
 
 
+@dataclass
+class ClusteredCache:
+    """A prefill KV cache sorted by k-means cluster, per KV head (``cluster_cache`` builds it).
+
+    ``keys``/``values [kv, n, d]`` in cluster order (``values`` may be None for selection only),
+    ``centroids [kv, C, d]``, cluster ``starts``/``sizes [kv, C]`` (rows of the sorted cache),
+    ``cluster_of [kv, n]`` (cluster of each sorted row, non-decreasing) and ``perm [kv, n]`` (the
+    original position of each sorted row).
+    """
+
+    keys: torch.Tensor
+    values: torch.Tensor | None
+    centroids: torch.Tensor
+    starts: torch.Tensor
+    sizes: torch.Tensor
+    cluster_of: torch.Tensor
+    perm: torch.Tensor
+
+    @property
+    def n(self) -> int:
+        return self.keys.shape[1]
+
+    def key_mask(self, chosen: torch.Tensor) -> torch.Tensor:
+        """Chosen clusters ``[kv, C]`` -> chosen keys ``[kv, n]`` at their original positions."""
+        return torch.zeros_like(chosen[:, :1]).expand(-1, self.n).clone().scatter_(
+            1, self.perm, chosen.gather(1, self.cluster_of))
+
+    def loaded(self, chosen: torch.Tensor) -> float:
+        """Fraction of the cached keys in the chosen clusters."""
+        return float((self.sizes * chosen).sum()) / (self.sizes.shape[0] * self.n)
+
+
+def cluster_cache(keys: torch.Tensor, values: torch.Tensor | None = None, cluster_size: int = 16,
+                  iters: int = 10) -> ClusteredCache:
+    """Sort a prefill cache ``keys [kv, n, d]`` (and ``values``) by k-means cluster, ~``cluster_size`` keys each."""
+    kv, n, d = keys.shape
+    cent, assign = kmeans(keys.float(), math.ceil(n / cluster_size), iters)
+    c = cent.shape[1]
+    perm = assign.argsort(dim=1, stable=True)
+    sizes = torch.zeros(kv, c, dtype=torch.long, device=keys.device).scatter_add_(1, assign, torch.ones_like(assign))
+    rows = torch.arange(kv, device=keys.device)[:, None]
+    return ClusteredCache(
+        keys=keys[rows, perm].contiguous(), values=None if values is None else values[rows, perm].contiguous(),
+        centroids=cent.to(keys.dtype), starts=sizes.cumsum(1) - sizes, sizes=sizes,
+        cluster_of=assign.gather(1, perm), perm=perm)
+
+
+def _rows_of(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``mask [kv, n]`` -> the selected row indices per KV head, padded: ``idx [kv, W]``, ``valid [kv, W]``."""
+    counts = mask.sum(1)
+    width = int(counts.max()) if counts.numel() else 0
+    rows, cols = mask.nonzero(as_tuple=True)
+    slot = torch.arange(rows.numel(), device=mask.device) - (counts.cumsum(0) - counts)[rows]
+    idx = torch.zeros(mask.shape[0], width, dtype=torch.long, device=mask.device)
+    idx[rows, slot] = cols
+    return idx, torch.arange(width, device=mask.device) < counts[:, None]
+
+
 class TailFit:
-    """Tactic's stopping rule: how many keys, in approximate score order, reach attention mass ``p``.
+    """Tactic's stopping rule: how many clusters, in approximate score order, reach attention mass ``p``.
 
     Shared by the Tactic selector (quality, on the hooked model) and ``tactic_decode_attention``
-    (speed, on plain tensors). Arguments are not checked here; the selector checks them.
+    (speed, on plain tensors) through ``tactic_select``. Arguments are not checked here; the selector checks them.
     """
 
     def __init__(self, p: float = 0.9, exact_frac: float = 0.02, fit_at: tuple[float, float] = (0.1, 0.6),
-                 fit_window: int = 8, bridge: bool = True):
-        self.p, self.exact_frac, self.fit_at, self.fit_window, self.bridge = p, exact_frac, fit_at, fit_window, bridge
+                 bridge: bool = True, first_frac: float = 0.0625, rank_bins: int = 256):
+        self.p, self.exact_frac, self.fit_at, self.bridge = p, exact_frac, fit_at, bridge
+        self.first_frac, self.rank_bins = first_frac, rank_bins
 
-    def sample_slices(self, m: int) -> list[tuple[int, int]]:
-        """Rank ranges ``[lo, hi)`` whose exp-scores the tail fit reads."""
-        out = []
-        for frac in self.fit_at:
-            lo = min(max(int(frac * m) - self.fit_window // 2, 0), max(m - self.fit_window, 0))
-            out.append((lo, min(lo + self.fit_window, m)))
-        return out
+    def count(self, mass: torch.Tensor, sizes: torch.Tensor, samples: tuple, new_mass: torch.Tensor,
+              head: torch.Tensor) -> torch.Tensor:
+        """How many clusters to take, in order, from their exact masses ``mass [..., C]`` (in rank order).
 
-    def cutoff(self, e_ord: torch.Tensor, new_mass: torch.Tensor) -> torch.Tensor:
-        """How many keys to take, in order, from the ordered exp-scores ``e_ord [..., m]``.
-
-        Keys taken are loaded and scored anyway, so their mass is exact; the mass of the keys
-        not taken is the ``a/x + b`` tail through two small samples near ranks 10 % and 60 %
-        (Tactic). With ``bridge`` (our addition), ranks between the exactly scored head (2 %)
-        and the first sample are interpolated linearly from the head's last value: otherwise
-        a tail that has died out by 10 % fits as zero and the keys between 2 % and 10 % of a
-        peaked head are never taken. The first ``k`` keys suffice once
-        ``taken >= P * (taken + tail(k))``; keys beyond ``k`` outside the samples are never read.
+        Clusters taken are loaded and scored anyway, so their mass is exact; the mass of the
+        clusters not taken is the ``a/x + b`` curve (x: key rank) through the mean exp-score of
+        two sample clusters near key ranks 10 % and 60 % (Tactic), times each cluster's size at
+        its middle rank. With ``bridge`` (our addition), ranks between the exactly scored head
+        (``head`` clusters, >= 2 % of the keys) and the first sample are interpolated linearly
+        from the head's last cluster: otherwise a tail that has died out by 10 % fits as zero
+        and the keys between 2 % and 10 % of a peaked head are never taken. The first ``k``
+        clusters suffice once ``taken >= P * (taken + tail(k))``. ``samples``: ``(x1, y1, x2, y2)``.
         """
-        m = e_ord.shape[-1]
+        c = mass.shape[-1]
         if self.p >= 1:  # every key has some mass: all of them
-            return torch.full(e_ord.shape[:-1], m, dtype=torch.long, device=e_ord.device)
-        x = torch.arange(1, m + 1, dtype=e_ord.dtype, device=e_ord.device)
-        (lo1, hi1), (lo2, hi2) = self.sample_slices(m)
-        x1, x2 = (lo1 + hi1 + 1) / 2, (lo2 + hi2 + 1) / 2
-        y1, y2 = e_ord[..., lo1:hi1].mean(-1), e_ord[..., lo2:hi2].mean(-1)
-        a = (y1 - y2) / (1 / x1 - 1 / x2) if x1 != x2 else torch.zeros_like(y1)
+            return torch.full(mass.shape[:-1], c, dtype=torch.long, device=mass.device)
+        x1, y1, x2, y2 = samples
+        cum = sizes.cumsum(-1)
+        mid = cum - sizes / 2 + 0.5
+        a = torch.where(x1 != x2, (y1 - y2) / (1 / x1 - 1 / x2), torch.zeros_like(y1))
         b = y1 - a / x1
-        fit = a[..., None] / x + b[..., None]
-        top = max(1, math.ceil(self.exact_frac * m))  # Tactic always scores the head of the order
-        if self.bridge and top < x1:
-            # between the exactly scored head and the first sample, interpolate linearly from the
-            # head's last (already read) value, instead of trusting the a/x + b extrapolation
-            x0, y0 = float(top), e_ord[..., top - 1 : top].mean(-1)
-            w = ((x - x0) / (x1 - x0)).clamp(0, 1)
-            fit = torch.where(x < x1, (1 - w) * y0[..., None] + w * (a / x1 + b)[..., None], fit)
-        fit = fit.clamp_min(0)
-        tail = fit.flip(-1).cumsum(-1).flip(-1) - fit  # fitted mass of ranks k+1..m, for k = 1..m
-        taken = e_ord.cumsum(-1) + new_mass[..., None]
+        fit = a[..., None] / mid + b[..., None]
+        if self.bridge:
+            last = head[..., None] - 1
+            x0 = mid.gather(-1, last)
+            y0 = mass.gather(-1, last) / sizes.gather(-1, last)
+            w = ((mid - x0) / (x1[..., None] - x0).clamp_min(1e-6)).clamp(0, 1)
+            bridged = (1 - w) * y0 + w * (a / x1 + b)[..., None]
+            fit = torch.where(mid < x1[..., None], bridged, fit)
+        fit = fit.clamp_min(0) * sizes
+        tail = fit.flip(-1).cumsum(-1).flip(-1) - fit  # fitted mass of the clusters after each one
+        taken = mass.cumsum(-1) + new_mass[..., None]
         done = taken >= self.p * (taken + tail)
         done[..., -1] = True
-        k = done.float().argmax(-1) + 1
-        return k.clamp(min(top, m), m)
+        return torch.maximum(done.float().argmax(-1) + 1, head)
 
 
-def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """Dense single-query attention: ``q [h, d]``, ``keys/values [n, kv, d]`` -> ``[h, d]``."""
-    h, d = q.shape
-    kv = keys.shape[1]
-    qg = q.reshape(kv, h // kv, d)
-    scores = torch.einsum("kgd,nkd->kgn", qg, keys) / math.sqrt(d)
-    return torch.einsum("kgn,nkd->kgd", scores.softmax(-1), values).reshape(h, d)
+def tactic_select(qg: torch.Tensor, cache: ClusteredCache, fit: TailFit,
+                  score_rows: Callable[[torch.Tensor], torch.Tensor], new_scores: torch.Tensor | None = None):
+    """Tactic's selection for one decode step, batched over KV heads and the query heads of each group.
 
+    ``qg [kv, g, d]`` ranks the clusters by q·centroid; ``score_rows(idx [kv, W]) -> [kv, g, W]``
+    gives the scaled scores of sorted-cache rows (the kernel computes them from the keys, the
+    selector reads the model's own); ``new_scores [kv, g, r]`` are those of the tokens decoded
+    since the prefill, always attended.
 
-def tactic_decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, centroids: torch.Tensor,
-                            members: torch.Tensor, tactic: TailFit | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tactic decode attention that scores only what it needs: returns ``(output [h, d], selection [kv, n])``.
+    The ranking is by ``fit.rank_bins`` equal-width bins of q·centroid per query head instead
+    of a full sort (a sort of a few thousand scores costs more on a CPU than the attention it
+    saves); clusters in one bin are taken together. Rows are scored a prefix of bins at a time
+    (starting at ``fit.first_frac`` of the keys, doubling until the stopping rule stops inside
+    the prefix of every query head), plus the two tail samples.
 
-    ``centroids [kv, C, d]`` and ``members [kv, C, s]`` (key indices per cluster, padded with
-    -1) come from the prefill (``cluster_members``). Per KV head: rank clusters by
-    q·centroid for each query head of the group, score the fit samples and a prefix of the
-    order (doubling it until ``tactic.cutoff`` stops inside it), then attend over the union
-    of the group's selections. Keys outside the prefixes and samples are never touched.
-    ``tactic``: the stopping rule (a ``Tactic`` selector is one), P = 0.9 by default.
+    Returns ``(chosen [kv, C], chunks)``: the chosen clusters (the union over each group) and the
+    scored rows as a list of ``(idx [kv, W], valid [kv, W], scores [kv, g, W])``.
     """
-    tactic = tactic or TailFit()
-    h, d = q.shape
-    kv, c, s = members.shape
-    n = keys.shape[0]
-    g = h // kv
-    qg = q.reshape(kv, g, d) / math.sqrt(d)
-    kt = keys.transpose(0, 1)  # [kv, n, d]
-    rank = torch.einsum("kgd,kcd->kgc", qg, centroids).argsort(-1, descending=True)  # [kv, g, C]
-    order = members[torch.arange(kv)[:, None, None], rank].reshape(kv, g, c * s)
-    idx = order[order >= 0].reshape(kv, g, n)  # keys of each query head, approximately by score
-    heads = torch.arange(kv)[:, None, None]
-
-    def exp_scores(cols):
-        return torch.exp(torch.einsum("kgd,kgnd->kgn", qg, kt[heads, idx[:, :, cols]]))
-
-    e_ord = torch.zeros(kv, g, n)
-    samples = torch.cat([torch.arange(lo, hi) for lo, hi in tactic.sample_slices(n)])
-    e_ord[:, :, samples] = exp_scores(samples)
-    done, prefix = 0, max(1, math.ceil(tactic.exact_frac * n))
+    kv, g, _ = qg.shape
+    c = cache.sizes.shape[1]
+    n, nb, dev = cache.n, fit.rank_bins, qg.device
+    rank_score = torch.bmm(qg.float(), cache.centroids.float().transpose(1, 2))  # [kv, g, C]
+    hi, lo = rank_score.amax(-1, keepdim=True), rank_score.amin(-1, keepdim=True)
+    bins = ((hi - rank_score) / (hi - lo).clamp_min(1e-12) * nb).long().clamp_max(nb - 1)  # 0: the highest scores
+    sizes = torch.zeros(kv, g, nb, device=dev).scatter_add_(-1, bins, cache.sizes[:, None].expand(kv, g, c).float())
+    cum = sizes.cumsum(-1)
+    head = ((cum < max(1, math.ceil(fit.exact_frac * n))).sum(-1) + 1).clamp_max(nb)  # bins scored exactly
+    of_cluster = cache.cluster_of
+    scored = torch.zeros(kv, c, dtype=torch.bool, device=dev)
+    mass = torch.zeros(kv, g, c, device=dev)
+    chunks: list = []
+    ref = samples = new_mass = None
+    target = max(fit.first_frac * n, 1.0)
     while True:
-        e_ord[:, :, done:prefix] = exp_scores(slice(done, prefix))
-        counts = tactic.cutoff(e_ord, torch.zeros(kv, g))
-        if bool((counts <= prefix).all()) or prefix == n:
+        depth = torch.maximum((cum < target).sum(-1) + 1, head).clamp_max(nb)  # bins per query head
+        new = (bins < depth[..., None]).any(1) & ~scored
+        if bool(new.any()):
+            idx, valid = _rows_of(new.gather(1, of_cluster))
+            s = score_rows(idx).float()
+            if ref is None:  # the first chunk holds the top clusters: a safe reference for exp
+                ref = s.masked_fill(~valid[:, None], float("-inf")).amax(-1, keepdim=True)
+                if new_scores is not None and new_scores.shape[-1]:
+                    ref = torch.maximum(ref, new_scores.float().amax(-1, keepdim=True))
+            e = torch.exp(s - ref) * valid[:, None]
+            mass.scatter_add_(-1, of_cluster.gather(1, idx)[:, None].expand(kv, g, -1), e)
+            chunks.append((idx, valid, s))
+            scored |= new
+        if samples is None:
+            samples = _tail_samples(fit, cache, bins, sizes, cum, score_rows, ref)
+            has_new = new_scores is not None and new_scores.shape[-1] > 0
+            new_mass = torch.exp(new_scores.float() - ref).sum(-1) if has_new else torch.zeros(kv, g, device=dev)
+        bin_mass = torch.zeros(kv, g, nb, device=dev).scatter_add_(-1, bins, mass)
+        counts = fit.count(bin_mass, sizes, samples, new_mass, head)
+        if bool((counts <= depth).all()) or target >= n:
             break
-        done, prefix = prefix, min(2 * prefix, n)
-    take = torch.arange(n) < counts[..., None]  # [kv, g, n] in each head's order
-    mask = torch.zeros(kv, g, n, dtype=torch.bool).scatter(-1, idx, take).any(1)  # union over the group
-    return sparse_decode_attention(q, keys, values, mask), mask
+        target *= 2
+    return (bins < counts[..., None]).any(1), chunks
 
 
-def sparse_decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                            mask: torch.Tensor) -> torch.Tensor:
-    """Single-query attention over the selected keys only: ``mask [kv, n]`` -> output ``[h, d]``.
+def _tail_samples(fit: TailFit, cache: ClusteredCache, bins, sizes, cum, score_rows, ref):
+    """Mean exp-score and middle key rank of a cluster in the bin at key ranks ``fit.fit_at``, per query head."""
+    kv, g, _ = bins.shape
+    n = cache.n
+    width = int(cache.sizes.max())
+    offs = torch.arange(width, device=bins.device)
+    out = []
+    for frac in fit.fit_at:
+        b = (cum < frac * n).sum(-1, keepdim=True).clamp_max(fit.rank_bins - 1)  # [kv, g, 1]
+        cid = (bins == b).int().argmax(-1)  # the first cluster of that bin, [kv, g]
+        start, size = cache.starts.gather(1, cid), cache.sizes.gather(1, cid)
+        idx = (start[..., None] + offs).clamp_max(n - 1).reshape(kv, g * width)
+        s = score_rows(idx).float().reshape(kv, g, g, width)  # every query head of the group on every sample
+        s = s.diagonal(dim1=1, dim2=2).permute(0, 2, 1)  # each head on its own sample: [kv, g, width]
+        e = torch.exp(s - ref) * (offs < size[..., None])
+        out += [(cum.gather(-1, b) - sizes.gather(-1, b) / 2 + 0.5)[..., 0], e.sum(-1) / size.clamp_min(1)]
+    return out[0], out[1], out[2], out[3]
 
-    Gathers the selected keys and values (padded to the largest selection of the KV heads)
-    and attends over them; unselected keys are never read.
-    """
+
+def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """Dense single-query attention (the baseline): ``q [h, d]``, ``keys/values [kv, n, d]`` -> ``[h, d]``."""
     h, d = q.shape
-    kv, n = mask.shape
-    qg = q.reshape(kv, h // kv, d) / math.sqrt(d)
-    width = int(mask.sum(-1).max())
-    sel = mask.to(torch.int8).argsort(dim=-1, descending=True, stable=True)[:, :width]  # selected keys first
-    valid = torch.gather(mask, 1, sel)
-    rows = torch.arange(kv)[:, None]
-    scores = torch.einsum("kgd,knd->kgn", qg, keys.transpose(0, 1)[rows, sel])
-    scores = scores.masked_fill(~valid[:, None], float("-inf"))
-    return torch.einsum("kgn,knd->kgd", scores.softmax(-1), values.transpose(0, 1)[rows, sel]).reshape(h, d)
+    kv = keys.shape[0]
+    qg = q.reshape(kv, h // kv, d) * (scale if scale is not None else d**-0.5)
+    return torch.bmm(torch.bmm(qg, keys.transpose(1, 2)).softmax(-1), values).reshape(h, d)
 
 
-def cluster_members(keys: torch.Tensor, cluster_size: int = 16, iters: int = 10) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prefill clustering for ``tactic_decode_attention``: ``keys [n, kv, d]`` -> centroids, padded member lists."""
-    n, kv, d = keys.shape
-    cent, assign = kmeans(keys.permute(1, 0, 2).float(), math.ceil(n / cluster_size), iters)
-    c = cent.shape[1]
-    size = int(torch.bincount(assign.flatten() + torch.arange(kv).repeat_interleave(n) * c, minlength=kv * c).max())
-    members = torch.full((kv, c, size), -1, dtype=torch.long)
-    for k in range(kv):
-        order = assign[k].argsort(stable=True)
-        counts = torch.bincount(assign[k], minlength=c)
-        starts = torch.cumsum(counts, 0) - counts
-        slot = torch.arange(n) - starts[assign[k][order]]
-        members[k, assign[k][order], slot] = order
-    return cent, members
+def tactic_decode_attention(q: torch.Tensor, cache: ClusteredCache, fit: TailFit | None = None,
+                            new_keys: torch.Tensor | None = None, new_values: torch.Tensor | None = None,
+                            scale: float | None = None, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """Tactic decode attention that reads only what it needs: returns ``(output [h, d], chosen clusters [kv, C])``.
+
+    ``cache`` is the clustered prefill (``cluster_cache``); ``new_keys``/``new_values [kv, r, d]``
+    the tokens decoded since, always attended. ``fit``: the stopping rule (a ``Tactic`` selector
+    is one), P = 0.9 by default. ``backend``: ``"numba"`` (the compiled CPU kernel,
+    ``attention_cpu``), ``"torch"`` (``tactic_select`` in batched torch ops: any device; scores of
+    the rows it reads are computed once and reused, values of the chosen rows alone are read) or
+    ``"auto"`` (numba for float32 CPU tensors, torch otherwise).
+    """
+    fit = fit or TailFit()
+    h, d = q.shape
+    kv, n, _ = cache.keys.shape
+    g = h // kv
+    qg = q.reshape(kv, g, d) * (scale if scale is not None else d**-0.5)
+    if new_keys is None:
+        new_keys = new_values = cache.keys.new_zeros(kv, 0, d)
+    if backend == "auto":
+        backend = "numba" if q.device.type == "cpu" and q.dtype == torch.float32 else "torch"
+    if backend == "numba":
+        from .attention_cpu import tactic_decode_cpu
+
+        out, chosen = tactic_decode_cpu(*(t.numpy() for t in (qg, cache.centroids, cache.keys, cache.values,
+                                                              cache.starts, cache.sizes, new_keys, new_values)), fit)
+        return torch.from_numpy(out).reshape(h, d), torch.from_numpy(chosen)
+    flat_keys = cache.keys.reshape(kv * n, d)
+    base = torch.arange(kv, device=q.device)[:, None] * n
+
+    def score_rows(idx):
+        rows = flat_keys.index_select(0, (idx + base).reshape(-1)).reshape(kv, -1, d)
+        return torch.bmm(qg, rows.transpose(1, 2))
+
+    new_scores = torch.bmm(qg, new_keys.transpose(1, 2))
+    chosen, chunks = tactic_select(qg, cache, fit, score_rows, new_scores)
+    idx = torch.cat([c[0] for c in chunks], 1)
+    keep = torch.cat([c[1] for c in chunks], 1) & chosen.gather(1, cache.cluster_of.gather(1, idx))
+    pick, pick_valid = _rows_of(keep)  # positions within the scored rows that were chosen
+    scores = torch.cat([c[2] for c in chunks], 2).gather(2, pick[:, None].expand(kv, g, -1))
+    scores = torch.cat([scores.masked_fill(~pick_valid[:, None], float("-inf")), new_scores], -1)
+    rows = idx.gather(1, pick)
+    vals = cache.values.reshape(kv * n, d).index_select(0, (rows + base).reshape(-1)).reshape(kv, -1, d)
+    vals = torch.cat([vals, new_values], 1)
+    return torch.bmm(scores.softmax(-1).to(vals.dtype), vals).reshape(h, d), chosen

@@ -8,12 +8,13 @@ Every public name is re-exported here, so ``from workbench.tools.sparse_attentio
 """
 
 from workbench.kernels.attention import (
+    ClusteredCache,
     TailFit,
-    cluster_members,
+    cluster_cache,
     decode_attention,
     kmeans,
-    sparse_decode_attention,
     tactic_decode_attention,
+    tactic_select,
 )
 from workbench.tools.sparse_attention.evaluate import (
     MASS_METHODS,
@@ -24,7 +25,12 @@ from workbench.tools.sparse_attention.evaluate import (
     prefill,
 )
 from workbench.tools.sparse_attention.figures import attention_figure
-from workbench.tools.sparse_attention.hooks import StepMetrics, group_mass, sparse_attention_hooks
+from workbench.tools.sparse_attention.hooks import (
+    StepMetrics,
+    group_mass,
+    layer_types,
+    sparse_attention_hooks,
+)
 from workbench.tools.sparse_attention.selectors import (
     H2O,
     SELECTORS,
@@ -43,9 +49,9 @@ from workbench.tools.sparse_attention.selectors import (
 )
 
 __all__ = [
-    "H2O", "MASS_METHODS", "SELECTORS", "Full", "Quest", "Selector", "StepMetrics", "StreamingLLM", "Tactic",
-    "TailFit", "TopK", "TopP", "attention_figure", "check_p", "check_positive", "cluster_members",
-    "compare_attention", "decode", "decode_attention", "group_mass", "group_union", "kmeans", "make_selector",
-    "parse_method", "parse_methods", "prefill", "sparse_attention_hooks", "sparse_decode_attention",
-    "tactic_decode_attention", "top_p_mask",
+    "H2O", "MASS_METHODS", "SELECTORS", "ClusteredCache", "Full", "Quest", "Selector", "StepMetrics",
+    "StreamingLLM", "Tactic", "TailFit", "TopK", "TopP", "attention_figure", "check_p", "check_positive",
+    "cluster_cache", "compare_attention", "decode", "decode_attention", "group_mass", "group_union", "kmeans",
+    "layer_types", "make_selector", "parse_method", "parse_methods", "prefill", "sparse_attention_hooks",
+    "tactic_decode_attention", "tactic_select", "top_p_mask",
 ]

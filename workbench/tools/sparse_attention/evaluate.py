@@ -14,7 +14,12 @@ import torch
 
 from workbench.errors import WorkbenchError
 from workbench.tools.decoding import decode_loop, new_cache
-from workbench.tools.sparse_attention.hooks import StepMetrics, group_mass, sparse_attention_hooks
+from workbench.tools.sparse_attention.hooks import (
+    StepMetrics,
+    group_mass,
+    layer_types,
+    sparse_attention_hooks,
+)
 from workbench.tools.sparse_attention.selectors import (
     SELECTORS,
     Full,
@@ -85,6 +90,10 @@ def decode(model, tokens: torch.Tensor, n_prefill: int, selector: Selector, pref
             "streams": streams}
 
 
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
 MASS_METHODS = ("topp", "tactic")  # their parameter is P, the attention mass kept; the others' a budget in keys
 
 
@@ -128,7 +137,7 @@ def compare_attention(model, tokens: torch.Tensor, n_prefill: int, methods: Sequ
     """Teacher-forced decode of ``tokens[:, n_prefill:]`` under each method vs full attention.
 
     One row per method: mean over layers and steps of the fraction of cached keys loaded
-    (per KV head), the attention-mass recall and the relative error of the attention output
+    (per KV head; also per layer type, ``loaded_global`` and, for sliding-window models, ``loaded_local``), the attention-mass recall and the relative error of the attention output
     (both against dense attention given the same inputs), the KL(full || sparse) of the
     next-token distribution, and the perplexity of the decoded tokens. Methods are
     ``name[:param]`` with param = P for topp/tactic or a budget in keys for the others;
@@ -149,6 +158,7 @@ def compare_attention(model, tokens: torch.Tensor, n_prefill: int, methods: Sequ
     ref_lp, targets = reference["logprobs"], reference["targets"]
     ppl_full = math.exp(-ref_lp.gather(-1, targets[..., None]).mean().item())
     rows, tactic_budget = [], None
+    types = layer_types(model)
     for name, param in parsed:
         if param == "auto":
             value = tactic_budget
@@ -163,11 +173,15 @@ def compare_attention(model, tokens: torch.Tensor, n_prefill: int, methods: Sequ
         lp = out["logprobs"]
         kl = (ref_lp.exp() * (ref_lp - lp)).sum(-1).mean().item()
         met = {k: sum(v) / len(v) for k, v in out["metrics"].items()}
-        if name == "tactic" and tactic_budget is None:
-            tactic_budget = max(1, round(met["loaded"] * n_prefill))
+        by_type = {f"loaded_{kind}": _mean([x for x, t in zip(out["metrics"]["loaded"], types, strict=True)
+                                                     if t == kind])
+                   for kind in ("global", "local") if kind in types}
+        if name == "tactic" and tactic_budget is None:  # the keys it read where it chose (window layers do not)
+            tactic_budget = max(1, round(by_type["loaded_global"] * n_prefill))
         rows.append({
             "method": f"{name}:{value}" if name != "full" else "full",
             "loaded": met["loaded"],
+            **by_type,
             "recall": met["recall"],
             "out_err": met["out_err"],
             "kl": kl,

@@ -31,6 +31,11 @@ class StepMetrics:
         return {k: mean[:, i].tolist() for i, k in enumerate(("loaded", "recall", "out_err"))}
 
 
+def layer_types(model) -> list[str]:
+    """``"local"`` (a sliding-window layer, e.g. 15 of Gemma 3's 18) or ``"global"`` per layer."""
+    return ["local" if getattr(block.attn, "attn_type", "global") == "local" else "global" for block in model.blocks]
+
+
 def group_mass(pattern: torch.Tensor, n_kv: int) -> torch.Tensor:
     """``[b, heads, q, n]`` attention pattern -> mass per key per KV head, ``[b, kv, n]``."""
     b, h, _, n = pattern.shape
@@ -43,20 +48,28 @@ def sparse_attention_hooks(model, selector: Selector, cache, n_prefill: int, met
 
     ``cache`` is the model's KV cache (its values give the output-error metric); keys at
     positions ``>= n_prefill`` were generated during decoding and are always attended.
+    Sliding-window layers (``layer_types``) attend their window densely, as the model does: only
+    global layers are sparsified, and a window layer's "loaded" is its window's share of the cache.
     """
     stash: dict[tuple[int, str], torch.Tensor] = {}
     n_kv = model.cfg.n_key_value_heads or model.cfg.n_heads
+    windows = [model.cfg.window_size if kind == "local" else None for kind in layer_types(model)]
     pairs = []
     for L in range(model.cfg.n_layers) if layers is None else layers:
         def keep(x, hook, L=L, what=""):
             stash[(L, what)] = x
             return x
 
-        def on_scores(scores, hook, L=L):
+        def on_scores(scores, hook, L=L, window=windows[L]):
             if scores.shape[2] != 1:
                 return scores
             s = scores[:, :, 0]
-            mask = selector.select(L, s, stash[(L, "q")][:, -1], stash[(L, "k")], n_prefill)  # [b, kv, n]
+            if window is not None:  # the model's own window, dense
+                n = s.shape[-1]
+                keep = torch.arange(n, device=s.device) >= n - window
+                mask = keep.expand(s.shape[0], n_kv, n)
+            else:
+                mask = selector.select(L, s, stash[(L, "q")][:, -1], stash[(L, "k")], n_prefill)  # [b, kv, n]
             mask_h = mask.repeat_interleave(s.shape[1] // mask.shape[1], dim=1)
             if metrics is not None:
                 _record(metrics, L, s, mask, mask_h, cache[L].past_values)

@@ -8,11 +8,12 @@ generated after the prefill are always attended. Methods (``make_selector``):
   softmax mass reaches P, union over the group.
 - ``tactic``: the Tactic approximation of ``topp`` without scoring every key: k-means of
   each head's prefill keys (~16 keys per cluster, 10 iterations), clusters ranked by
-  query·centroid, keys taken in that order (at least the top ``exact_frac``) until their
-  exact mass reaches P of the total, where the mass of the keys not taken is estimated by
-  an ``a/x + b`` curve through the exp-scores of small samples near the 10 % and 60 % ranks
-  (bridged linearly to the exactly scored head, see ``Tactic.cutoff``). Keys are clustered once at the
-  first decode step (Tactic re-clusters every 2048 steps; decodes here are shorter).
+  query·centroid (in 256 equal-width bins), taken in that order (at least the top
+  ``exact_frac`` of the keys) until their exact mass reaches P of the total, where the mass of
+  the clusters not taken is estimated by an ``a/x + b`` curve through the exp-scores of two
+  sample clusters near the 10 % and 60 % key ranks (bridged linearly to the exactly scored
+  head, see ``TailFit.count``). Keys are clustered once at the first decode step (Tactic
+  re-clusters every 2048 steps; decodes here are shorter).
 - ``topk``: oracle top-k at a fixed budget (group-mean attention probability).
 - ``quest``: Quest page bounds -- pages of 16 keys, channel-wise min/max, pages ranked by
   the upper bound of q·k, top pages up to the budget.
@@ -26,12 +27,10 @@ numbers measured with it are those of the method.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from workbench.errors import WorkbenchError
-from workbench.kernels.attention import TailFit, kmeans
+from workbench.kernels.attention import ClusteredCache, TailFit, cluster_cache, tactic_select
 
 SELECTORS = ("full", "topp", "tactic", "topk", "quest", "streaming", "h2o")
 
@@ -197,52 +196,37 @@ class H2O(Selector):
 class Tactic(Selector, TailFit):
     """Cumulative-mass selection approximated by key clustering and an ``a/x + b`` fit of the score tail.
 
-    The stopping rule (``sample_slices``, ``cutoff``) is the kernels' ``TailFit``, so the timed kernel
-    (``tactic_decode_attention``) takes a ``Tactic`` and selects as this selector does.
+    The selection is the kernels' ``tactic_select`` on the model's own scores, over the same
+    cluster-sorted cache (``cluster_cache``) and with the same stopping rule (``TailFit``), so the
+    timed kernel (``tactic_decode_attention``) picks the keys whose quality this selector measures.
     """
 
     def __init__(self, p: float = 0.9, cluster_size: int = 16, iters: int = 10, exact_frac: float = 0.02,
-                 fit_at: tuple[float, float] = (0.1, 0.6), fit_window: int = 8, bridge: bool = True):
+                 fit_at: tuple[float, float] = (0.1, 0.6), bridge: bool = True, first_frac: float = 0.0625,
+                 rank_bins: int = 256):
         check_p(p)
         check_positive("cluster_size", cluster_size)
-        TailFit.__init__(self, p, exact_frac, fit_at, fit_window, bridge)
+        check_positive("rank_bins", rank_bins)
+        TailFit.__init__(self, p, exact_frac, fit_at, bridge, first_frac, rank_bins)
         self.cluster_size, self.iters = cluster_size, iters
-        self.clusters: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.caches: dict[int, ClusteredCache] = {}
 
     def reset(self):
-        self.clusters.clear()
-
-    def cluster(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """k-means of ``keys [b, m, kv, d]`` per KV head -> centroids ``[b, kv, C, d]``, assignment ``[b, kv, m]``."""
-        b, m, kv, d = keys.shape
-        x = keys.permute(0, 2, 1, 3).reshape(b * kv, m, d).float()
-        cent, assign = kmeans(x, math.ceil(m / self.cluster_size), self.iters)
-        return cent.reshape(b, kv, -1, d), assign.reshape(b, kv, m)
-
-    def order(self, layer: int, q: torch.Tensor, keys: torch.Tensor, n_prefill: int) -> torch.Tensor:
-        """Prefill keys in the approximate descending-score order of each query head, ``[b, kv, g, m]``."""
-        if layer not in self.clusters:
-            self.clusters[layer] = self.cluster(keys[:, :n_prefill])
-        cent, assign = self.clusters[layer]
-        b, kv, c, d = cent.shape
-        g = q.shape[1] // kv
-        cscore = torch.einsum("bkgd,bkcd->bkgc", q.reshape(b, kv, g, d).float(), cent)
-        rank = cscore.argsort(-1, descending=True).argsort(-1)  # rank of each cluster
-        token_rank = rank.gather(-1, assign[:, :, None].expand(b, kv, g, n_prefill))
-        return token_rank.argsort(dim=-1, stable=True)
+        self.caches.clear()
 
     def select(self, layer, scores, q, keys, n_prefill):
         b, h, n = scores.shape
-        kv = keys.shape[2]
+        kv, d = keys.shape[2], keys.shape[3]
         g = h // kv
-        order = self.order(layer, q, keys, n_prefill)  # [b, kv, g, m]
-        s = scores.reshape(b, kv, g, n).float()
-        e = torch.exp(s - s.amax(-1, keepdim=True))
-        e_ord = e[..., :n_prefill].gather(-1, order)
-        k = self.cutoff(e_ord, e[..., n_prefill:].sum(-1))
-        take_sorted = torch.arange(n_prefill) < k[..., None]
-        chosen = torch.zeros_like(take_sorted).scatter(-1, order, take_sorted).any(2)
-        return _with_new_tokens(chosen, n)
+        if layer not in self.caches:  # batch rows and KV heads are independent heads to the kernel
+            prefill_keys = keys[:, :n_prefill].permute(0, 2, 1, 3).reshape(b * kv, n_prefill, d).float()
+            self.caches[layer] = cluster_cache(prefill_keys, None, self.cluster_size, self.iters)
+        cache = self.caches[layer]
+        s = scores.reshape(b * kv, g, n).float()
+        in_order = s[..., :n_prefill].gather(-1, cache.perm[:, None].expand(-1, g, -1))  # scores of the sorted rows
+        chosen, _ = tactic_select(q.reshape(b * kv, g, d).float(), cache, self,
+                                  lambda idx: in_order.gather(-1, idx[:, None].expand(-1, g, -1)), s[..., n_prefill:])
+        return _with_new_tokens(cache.key_mask(chosen).reshape(b, kv, n_prefill), n)
 
 
 def make_selector(name: str, p: float = 0.9, budget: int = 256, **kw) -> Selector:
