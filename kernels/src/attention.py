@@ -104,7 +104,7 @@ class TailFit:
     """
 
     def __init__(self, p: float = 0.9, exact_frac: float = 0.02, fit_at: tuple[float, float] = (0.1, 0.6),
-                 bridge: bool = True, first_frac: float = 0.0625, rank_bins: int = 256):
+                 bridge: bool = True, first_frac: float = 0.02, rank_bins: int = 256):
         self.p, self.exact_frac, self.fit_at, self.bridge = p, exact_frac, fit_at, bridge
         self.first_frac, self.rank_bins = first_frac, rank_bins
 

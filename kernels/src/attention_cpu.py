@@ -109,7 +109,9 @@ def _head(qg, cent, keys, values, starts, sizes, new_keys, new_values, p, exact_
             for j in range(g):
                 acc = np.float32(0.0)
                 for row in range(starts[i], starts[i] + sizes[i]):
-                    acc += np.exp(scores[j, row] - ref[j])
+                    e = np.exp(scores[j, row] - ref[j])
+                    scores[j, row] = e  # from here on the buffer holds exp-scores, which the attention reuses
+                    acc += e
                 mass[j, i] += acc
         if first:
             first = False
@@ -133,7 +135,8 @@ def _head(qg, cent, keys, values, starts, sizes, new_keys, new_values, p, exact_
                     samples[j, 2 * f + 1] = acc / max(sizes[cid], 1)
                 acc = np.float32(0.0)
                 for i in range(r):
-                    acc += np.exp(new_s[j, i] - ref[j])
+                    new_s[j, i] = np.exp(new_s[j, i] - ref[j])
+                    acc += new_s[j, i]
                 new_mass[j] = acc
         for j in range(g):
             counts[j] = _count(mass[j], bins[j], bsize[j], cum[j], samples[j], new_mass[j], head[j], p, bridge, nb)
@@ -149,31 +152,28 @@ def _head(qg, cent, keys, values, starts, sizes, new_keys, new_values, p, exact_
         for j in range(g):
             if bins[j, i] < counts[j]:
                 chosen[i] = True
-    # attention over the chosen clusters (all scored) and the new tokens
+    # attention over the chosen clusters (all scored) and the new tokens, from the exp-scores already computed;
+    # each value row is read once for the whole group
+    total = np.zeros(g, np.float32)
+    acc_v = np.zeros((g, d), np.float32)
+    for i in range(c):
+        if chosen[i]:
+            for row in range(starts[i], starts[i] + sizes[i]):
+                _accumulate(scores[:, row], values[row], total, acc_v)
+    for i in range(r):
+        _accumulate(new_s[:, i], new_values[i], total, acc_v)
     for j in range(g):
-        top_s = -np.inf
-        for i in range(c):
-            if chosen[i]:
-                for row in range(starts[i], starts[i] + sizes[i]):
-                    top_s = max(top_s, scores[j, row])
-        for i in range(r):
-            top_s = max(top_s, new_s[j, i])
-        total = np.float32(0.0)
-        acc_v = np.zeros(d, np.float32)
-        for i in range(c):
-            if chosen[i]:
-                for row in range(starts[i], starts[i] + sizes[i]):
-                    w = np.exp(scores[j, row] - top_s)
-                    total += w
-                    for t in range(d):
-                        acc_v[t] += w * values[row, t]
-        for i in range(r):
-            w = np.exp(new_s[j, i] - top_s)
-            total += w
-            for t in range(d):
-                acc_v[t] += w * new_values[i, t]
         for t in range(d):
-            out[j, t] = acc_v[t] / total
+            out[j, t] = acc_v[j, t] / total[j]
+
+
+@njit(cache=True, fastmath=True)
+def _accumulate(w, v, total, acc):
+    """``total += w``, ``acc += w ⊗ v`` for one value row ``v [d]`` and the group's weights ``w [g]``."""
+    for j in range(w.shape[0]):
+        total[j] += w[j]
+        for t in range(v.shape[0]):
+            acc[j, t] += w[j] * v[t]
 
 
 @njit(cache=True)
@@ -210,13 +210,20 @@ def _count(mass, bins, bsize, cum, samples, new_mass, head, p, bridge, nb):
     return max(nb, head)
 
 
+@njit(cache=True)
+def _step(qg, cent, keys, values, starts, sizes, new_keys, new_values, p, exact_frac, fit1, fit2, bridge,
+          first_frac, nb, out, chosen):
+    for k in range(qg.shape[0]):
+        _head(qg[k], cent[k], keys[k], values[k], starts[k], sizes[k], new_keys[k], new_values[k], p, exact_frac,
+              fit1, fit2, bridge, first_frac, nb, out[k], chosen[k])
+
+
 def tactic_decode_cpu(qg: np.ndarray, centroids, keys, values, starts, sizes, new_keys, new_values, fit):
     """All KV heads of one decode step: ``qg [kv, g, d]`` scaled -> ``(out [kv, g, d], chosen [kv, C])``."""
     kv, g, d = qg.shape
     out = np.empty((kv, g, d), np.float32)
     chosen = np.empty(centroids.shape[:2], np.bool_)
-    for k in range(kv):
-        _head(qg[k], centroids[k], keys[k], values[k], starts[k], sizes[k], new_keys[k], new_values[k],
-              np.float32(fit.p), fit.exact_frac, fit.fit_at[0], fit.fit_at[1], fit.bridge, fit.first_frac,
-              fit.rank_bins, out[k], chosen[k])
+    _step(qg, centroids, keys, values, starts, sizes, new_keys, new_values, np.float32(fit.p), float(fit.exact_frac),
+          float(fit.fit_at[0]), float(fit.fit_at[1]), bool(fit.bridge), float(fit.first_frac), int(fit.rank_bins),
+          out, chosen)
     return out, chosen

@@ -202,7 +202,7 @@ class Tactic(Selector, TailFit):
     """
 
     def __init__(self, p: float = 0.9, cluster_size: int = 16, iters: int = 10, exact_frac: float = 0.02,
-                 fit_at: tuple[float, float] = (0.1, 0.6), bridge: bool = True, first_frac: float = 0.0625,
+                 fit_at: tuple[float, float] = (0.1, 0.6), bridge: bool = True, first_frac: float = 0.02,
                  rank_bins: int = 256):
         check_p(p)
         check_positive("cluster_size", cluster_size)
