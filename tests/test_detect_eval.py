@@ -50,6 +50,26 @@ def test_a_detector_round_trips_through_json_exactly():
         Detector.from_dict(bad)
 
 
+def test_shared_fits_fit_the_fusion_member_that_a_candidate_already_fitted_once():
+    """In detect --train's choice, the fusion's span member is the span + keywords candidate: one fit, not two."""
+    from workbench.detect.shared_fits import shared_fits
+
+    rng = np.random.default_rng(3)
+    X, y = rng.normal(size=(80, 6)), rng.integers(0, 2, 80)
+    fused = {"C": 0.1, "members": [{"columns": [0, 2]}, {"columns": [2, 6]}]}
+    with shared_fits():
+        span = Detector("span", [("doc_mean", 1)], settings={"C": 0.1}).fit(X[:, 2:], y)
+        fusion = Detector("fusion", [("last", 1), ("doc_mean", 1)], settings=fused).fit(X, y)
+        assert fusion.pipeline.steps[0][1].members_[1] is span.pipeline
+        assert fusion.pipeline.steps[0][1].members_[0] is not span.pipeline
+        other_c = Detector("span", [("doc_mean", 1)], settings={"C": 1.0}).fit(X[:, 2:], y)
+        other_rows = Detector("span", [("doc_mean", 1)], settings={"C": 0.1}).fit(X[:60, 2:], y[:60])
+        assert other_c.pipeline is not span.pipeline and other_rows.pipeline is not span.pipeline
+    alone = Detector("span", [("doc_mean", 1)], settings={"C": 0.1}).fit(X[:, 2:], y)  # outside: a fresh fit
+    assert alone.pipeline is not span.pipeline
+    assert np.array_equal(alone.predict_proba(X[:, 2:]), span.predict_proba(X[:, 2:]))
+
+
 def _planted(seed=0, n_groups=3, n=60, d=5, layers=(1, 4)):
     """Activations where only layer 4's 'last' view carries the label, in every group, plus a length cue
     that flips sign between groups (a detector that learns length fails to generalize)."""

@@ -18,6 +18,7 @@ import numpy as np
 from workbench.detect import metrics
 from workbench.detect.features import TOKEN_SAMPLE
 from workbench.detect.pipelines import Detector, feature_matrix, resolve_settings
+from workbench.detect.shared_fits import shared_fits
 from workbench.errors import WorkbenchError
 
 LAYER = "layer"  # placeholder in a block: the layer chosen on the training groups
@@ -140,33 +141,42 @@ def evaluate(acts: dict, text: dict, layers: list[int], labels: Sequence[int], g
         train, test = (groups != held if train_mask is None else train_mask), groups == held
         if len(set(y[test])) < 2 or len(set(y[train])) < 2:
             raise WorkbenchError(f"group '{held}' (or the rest) holds one class only: every group needs both")
-        for name, spec in detectors.items():
-            template, fixed = spec if isinstance(spec, tuple) else (spec, {})  # a bare block list: no settings
-            if any(view not in acts and view != "text" for view, _ in template):
-                continue  # a view that was not computed (e.g. no topology asked)
-            pick = choose(template, acts, layers, text, y[train], groups[train], train, seed, fixed)
-            base = fit_settings(fixed)
-            fit = (name, template, acts, layers, text, y, train, test)
-            s_train, s = _fit_and_score(*fit, {**base, "C": pick["C"]}, pick["layer"])
-            # a diagnostic, not a choice: the held-out AUC had each layer been fixed (its C still chosen inside)
-            at_layer = {str(at): metrics.auc(y[test], s if at == pick["layer"] else
-                                             _fit_and_score(*fit, {**base, "C": c}, at)[1])
-                        for at, c in pick["best_C"].items() if at is not None and len(layers) > 1}
-            threshold = held_out_threshold(pick, y[train], s_train)
-            a, lo, hi = metrics.auc_ci(y[test], s, n_boot=n_boot, seed=seed)
-            lm, n_matched = metrics.length_matched_auc(y[test], s, lengths[test])
-            t_near = near[test]
-            rows.append({
-                "held_out": held, "detector": name, "layer": pick["layer"], "C": pick["C"],
-                "inner_auc": round(pick["inner_auc"], 4), "n_train": int(train.sum()), "n_test": int(test.sum()),
-                "auc": a, "auc_low": lo, "auc_high": hi, "length_matched_auc": lm, "matched_pairs": n_matched,
-                "tpr_at_1pct_fpr": metrics.tpr_at_fpr(y[test], s, 0.01),
-                "tpr_at_5pct_fpr": metrics.tpr_at_fpr(y[test], s, 0.05),
-                "fpr_clean_at_threshold": metrics.false_positive_rate(s[(y[test] == 0) & ~t_near], threshold),
-                "tpr_at_threshold": float((s[y[test] == 1] > threshold).mean()),
-                "near_miss_fpr": metrics.false_positive_rate(s[t_near], threshold) if t_near.any() else math.nan,
-                "n_near_miss": int(t_near.sum()), "auc_at_layer": at_layer,
-            })
+        with shared_fits():  # detectors that share a pipeline on the same columns fit it once per split
+            rows += _held_out_rows(held, detectors, acts, text, layers, y, groups, lengths, near, train, test,
+                                   n_boot, seed)
+    return rows
+
+
+def _held_out_rows(held, detectors, acts, text, layers, y, groups, lengths, near, train, test, n_boot, seed):
+    """One row per detector for the held-out group ``held`` (``train``/``test``: row masks)."""
+    rows = []
+    for name, spec in detectors.items():
+        template, fixed = spec if isinstance(spec, tuple) else (spec, {})  # a bare block list: no settings
+        if any(view not in acts and view != "text" for view, _ in template):
+            continue  # a view that was not computed (e.g. no topology asked)
+        pick = choose(template, acts, layers, text, y[train], groups[train], train, seed, fixed)
+        base = fit_settings(fixed)
+        fit = (name, template, acts, layers, text, y, train, test)
+        s_train, s = _fit_and_score(*fit, {**base, "C": pick["C"]}, pick["layer"])
+        # a diagnostic, not a choice: the held-out AUC had each layer been fixed (its C still chosen inside)
+        at_layer = {str(at): metrics.auc(y[test], s if at == pick["layer"] else
+                                         _fit_and_score(*fit, {**base, "C": c}, at)[1])
+                    for at, c in pick["best_C"].items() if at is not None and len(layers) > 1}
+        threshold = held_out_threshold(pick, y[train], s_train)
+        a, lo, hi = metrics.auc_ci(y[test], s, n_boot=n_boot, seed=seed)
+        lm, n_matched = metrics.length_matched_auc(y[test], s, lengths[test])
+        t_near = near[test]
+        rows.append({
+            "held_out": held, "detector": name, "layer": pick["layer"], "C": pick["C"],
+            "inner_auc": round(pick["inner_auc"], 4), "n_train": int(train.sum()), "n_test": int(test.sum()),
+            "auc": a, "auc_low": lo, "auc_high": hi, "length_matched_auc": lm, "matched_pairs": n_matched,
+            "tpr_at_1pct_fpr": metrics.tpr_at_fpr(y[test], s, 0.01),
+            "tpr_at_5pct_fpr": metrics.tpr_at_fpr(y[test], s, 0.05),
+            "fpr_clean_at_threshold": metrics.false_positive_rate(s[(y[test] == 0) & ~t_near], threshold),
+            "tpr_at_threshold": float((s[y[test] == 1] > threshold).mean()),
+            "near_miss_fpr": metrics.false_positive_rate(s[t_near], threshold) if t_near.any() else math.nan,
+            "n_near_miss": int(t_near.sum()), "auc_at_layer": at_layer,
+        })
     return rows
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, clone
 
+from workbench.detect.shared_fits import fit
+
 
 class LogitMean(ClassifierMixin, BaseEstimator):
     """``members``: unfitted pipelines (each ending in a classifier); ``columns``: the ``[start, stop)`` of X each
@@ -30,7 +32,7 @@ class LogitMean(ClassifierMixin, BaseEstimator):
         if len(self.members) != len(self.columns) or not self.members:
             raise ValueError("LogitMean needs one [start, stop) column range per member")
         parts = self._parts(X)
-        self.members_ = [clone(m).fit(part, y) for m, part in zip(self.members, parts, strict=True)]
+        self.members_ = [fit(clone(m), part, y) for m, part in zip(self.members, parts, strict=True)]
         raw = [m.decision_function(part) for m, part in zip(self.members_, parts, strict=True)]
         self.center_ = np.array([r.mean() for r in raw])
         self.scale_ = np.array([r.std() + 1e-9 for r in raw])

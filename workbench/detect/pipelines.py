@@ -108,10 +108,12 @@ class Detector:
     settings: dict = field(default_factory=dict)  # C, pca, chosen layer: what was selected and how
 
     def fit(self, X: np.ndarray, y: np.ndarray) -> Detector:
-        self.pipeline = make_pipeline(self.settings.get("C", 1.0), self.settings.get("pca"),
-                                      reference=self.settings.get("reference"),
-                                      tokens=self.settings.get("tokens"),
-                                      members=self.settings.get("members")).fit(X, y)
+        from workbench.detect.shared_fits import fit
+
+        self.pipeline = fit(make_pipeline(self.settings.get("C", 1.0), self.settings.get("pca"),
+                                          reference=self.settings.get("reference"),
+                                          tokens=self.settings.get("tokens"),
+                                          members=self.settings.get("members")), X, y)
         return self
 
     def predict_proba(self, X: np.ndarray) -> np.ndarray:

@@ -191,6 +191,7 @@ def fit_detector(model, config: DetectorConfig, cache=None, progress: bool = Tru
     )
     from workbench.detect.features import text_features
     from workbench.detect.pipelines import Detector, feature_matrix, resolve_settings
+    from workbench.detect.shared_fits import shared_fits
     from workbench.models import has_chat_template
 
     layer = resolve_layer(model, config.layer)
@@ -211,8 +212,9 @@ def fit_detector(model, config: DetectorConfig, cache=None, progress: bool = Tru
     acts = features_for(model, records, layers, views, config.max_tokens, chat, config.seed, cache, progress)
     text = text_features(records)
     every = np.ones(len(y), bool)
-    picks = {name: choose(DETECTORS[name][0], acts, layers, text, y, groups, every, config.seed, DETECTORS[name][1])
-             for name in names}
+    with shared_fits():  # the fusion's span member is the span + keywords candidate: fitted once per fold
+        picks = {name: choose(DETECTORS[name][0], acts, layers, text, y, groups, every, config.seed,
+                              DETECTORS[name][1]) for name in names}
     name = max(picks, key=lambda n: picks[n]["inner_auc"])
     template, fixed = DETECTORS[name]
     pick = picks[name]
