@@ -78,6 +78,23 @@ def test_subsamples_are_drawn_inside_disjoint_parts():
         subsample_summaries(_circles(120, 0), k=50, K=6, n_parts=3)
 
 
+def test_landmark_subsamples_keep_exact_h0_with_full_h0():
+    """The reference-scale setting: H1 on landmarks, H0 from each whole subsample's spanning tree (exact)."""
+    from workbench.topology.persistence import rips_persistence
+
+    cloud = _circles(240, 1, d=6)
+    exact = subsample_summaries(cloud, k=60, K=4, n_parts=2, n_threads=1)
+    marked = subsample_summaries(cloud, k=60, K=4, n_parts=2, n_threads=1, landmarks=20, full_h0=True)
+    coarse = subsample_summaries(cloud, k=60, K=4, n_parts=2, n_threads=1, landmarks=20)
+    assert [r.tolist() for r in marked.rows] == [r.tolist() for r in exact.rows]  # the same subsamples
+    h0 = [i for i, n in enumerate(exact.names) if n.startswith("h0_")]
+    np.testing.assert_allclose(marked.features[:, h0], exact.features[:, h0], rtol=1e-5, atol=1e-6)
+    assert not np.allclose(coarse.features[:, h0], exact.features[:, h0], atol=1e-3)  # landmark H0 is coarser
+    assert (marked.hausdorff > 0).all()
+    one = rips_persistence(cloud[marked.rows[0]], maxdim=1, landmarks=20, full_h0=True)
+    assert len(one.dgms[0]) == 60 and one.extras["h0"] == "full cloud"
+
+
 def test_compare_conditions_finds_the_layer_that_differs():
     rng = np.random.default_rng(4)
     same = rng.standard_normal((160, 4))

@@ -58,12 +58,15 @@ def subsample_summaries(
     n_threads: int | None = None,
     seed: int = 0,
     summary=None,
+    full_h0: bool = False,
 ) -> Subsamples:
     """K barcode summaries of k-point subsamples, drawn inside ``n_parts`` disjoint row parts.
 
     ``summary`` is a transformer over diagrams (default ``BarcodeSummary`` over dimensions
     0..maxdim). ``DEFAULT_K[maxdim]`` makes one barcode cost about a second on 2 cores;
-    ``landmarks`` trades accuracy (bound reported) for speed beyond that.
+    ``landmarks`` trades accuracy (bound reported) for speed beyond that, and with ``full_h0`` H0 stays exact
+    (the whole subsample's minimum spanning tree; the bound then concerns H1 and up): the reference scale,
+    k = 4096 and K = 64 per class, runs in about a minute per layer on 2 cores (``bench/bench_reference_topology.py``).
     """
     from workbench.topology.persistence import dense_distances, rips_persistence
     from workbench.topology.summaries import BarcodeSummary
@@ -90,7 +93,8 @@ def subsample_summaries(
         p = i % n_parts
         idx = rng.choice(parts[p], size=k, replace=False)
         results.append(
-            rips_persistence(X[idx], maxdim=maxdim, metric=metric, landmarks=landmarks, n_threads=n_threads)
+            rips_persistence(X[idx], maxdim=maxdim, metric=metric, landmarks=landmarks, n_threads=n_threads,
+                             full_h0=full_h0)
             if D is None else
             rips_persistence(D[np.ix_(idx, idx)], maxdim=maxdim, metric=metric, n_threads=n_threads,
                              distance_matrix=True)
