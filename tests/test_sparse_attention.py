@@ -199,6 +199,17 @@ def test_compiled_cpu_kernel_chooses_what_the_torch_selection_chooses(seed, p):
     assert torch.allclose(out, ref, atol=1e-5)
 
 
+def test_kernel_refuses_what_it_cannot_run_in_one_line():
+    q, k, v, cache = kernel_case(n=256)
+    calls = [lambda: sa.tactic_decode_attention(q, cache, backend="cuda"),
+             lambda: sa.tactic_decode_attention(q.double(), cache, backend="numba"),
+             lambda: sa.tactic_decode_attention(q, sa.cluster_cache(k), backend="torch")]
+    for call in calls:
+        with pytest.raises(WorkbenchError) as info:
+            call()
+        assert "\n" not in str(info.value)
+
+
 def test_selector_on_model_scores_picks_what_the_kernel_picks():
     """The quality numbers (the selector, reading the model's scores) are those of the timed kernel's keys."""
     scores, q, keys = synthetic_head(n=1024, d=32, kv=2, g=2, seed=1)

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from workbench.errors import WorkbenchError
+
 
 def kmeans(x: torch.Tensor, n_clusters: int, iters: int = 10) -> tuple[torch.Tensor, torch.Tensor]:
     """Batched Lloyd k-means on ``x [G, n, d]``: ``(centroids [G, C, d], assignment [G, n])``.
@@ -250,8 +252,15 @@ def tactic_decode_attention(q: torch.Tensor, cache: ClusteredCache, fit: TailFit
     qg = q.reshape(kv, g, d) * (scale if scale is not None else d**-0.5)
     if new_keys is None:
         new_keys = new_values = cache.keys.new_zeros(kv, 0, d)
+    if cache.values is None:
+        raise WorkbenchError("this clustered cache holds keys only: build it with cluster_cache(keys, values)")
+    cpu32 = q.device.type == "cpu" and q.dtype == cache.keys.dtype == torch.float32
     if backend == "auto":
-        backend = "numba" if q.device.type == "cpu" and q.dtype == torch.float32 else "torch"
+        backend = "numba" if cpu32 else "torch"
+    if backend not in ("numba", "torch"):
+        raise WorkbenchError(f"unknown backend {backend!r}: use 'auto', 'numba' or 'torch'")
+    if backend == "numba" and not cpu32:
+        raise WorkbenchError("backend='numba' runs float32 CPU tensors: use backend='torch' (or 'auto') for others")
     if backend == "numba":
         from .attention_cpu import tactic_decode_cpu
 
