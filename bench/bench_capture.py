@@ -3,9 +3,11 @@
 1. throughput: ``capture`` (hooks, reduction, shards on disk) vs a bare forward on the same batches,
    both the full ``model(tokens)`` and one stopped at the same deepest layer;
 2. memory: peak RSS of a capture of 1k vs 10k prompts (each in a fresh process), which must stay flat;
-3. model load: first (GGUF dequantization, in a fresh cache) vs cached.
+3. model load: first (GGUF dequantization, in a fresh cache) vs cached;
+4. roofline: capture's effective (unpadded) model FLOP/s in float32 and bfloat16 beside this machine's own GEMM
+   rate at a layer's shape, measured in the same run, as a fraction of the best dtype's GEMM rate (target >= 60%).
 
-    python bench/bench_capture.py [--quick] [--model smollm2-135m]
+    python bench/bench_capture.py [--quick] [--model smollm2-135m] [--only roofline]
 """
 
 from __future__ import annotations
@@ -87,6 +89,65 @@ def bench_throughput(model_name: str, n_prompts: int, batch_size: int) -> dict:
     }
 
 
+def gemm_rate(m: int, k: int, n: int, dtype, repeats: int = 5) -> float:
+    """GFLOP/s of an ``[m, k] @ [k, n]`` matmul in ``dtype`` (best of ``repeats``), on the threads torch uses."""
+    import torch
+
+    a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
+    a @ b
+    best = min(_seconds(lambda: a @ b) for _ in range(repeats))
+    return 2 * m * k * n / best / 1e9
+
+
+def _seconds(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def forward_flops(model, lengths: list[int]) -> float:
+    """Model FLOPs of forwards over prompts of these (unpadded) lengths: 2 per weight per token (the unembedding
+    included, embeddings excluded) plus causal attention, 2 * 2 * d_head * heads * n(n+1)/2 per layer."""
+    cfg = model.cfg
+    weights = sum(p.numel() for name, p in model.named_parameters() if "embed" not in name or "unembed" in name)
+    attention = sum(4 * cfg.n_layers * cfg.n_heads * cfg.d_head * n * (n + 1) / 2 for n in lengths)
+    return 2.0 * weights * sum(lengths) + attention
+
+
+def bench_roofline(model_name: str, n_prompts: int, batch_size: int) -> dict:
+    """Capture's achieved FLOP/s per dtype against the GEMM rate of a layer's MLP shape in the same run."""
+    import torch
+
+    from workbench.capture import capture, resid_sites, tokenize
+    from workbench.conditions.injection import generate_injection_pairs
+    from workbench.models import format_chat, load_model
+
+    base = generate_injection_pairs(n_prompts // 2 + 1)
+    out = {"threads": torch.get_num_threads(), "by_dtype": {}}
+    for dtype in ("float32", "bfloat16"):
+        model = load_model(model_name, device="cpu", dtype=dtype)
+        prompts = [dict(base[i % len(base)], text=format_chat(model, base[i % len(base)]["text"]), id=i)
+                   for i in range(n_prompts)]
+        lengths = [len(ids) for ids in tokenize(model, [p["text"] for p in prompts], model.cfg.n_ctx)[0]]
+        mean_len = round(sum(lengths) / len(lengths))
+        rate = gemm_rate(batch_size * mean_len, model.cfg.d_model, model.cfg.d_mlp, getattr(torch, dtype))
+        with tempfile.TemporaryDirectory() as warm:
+            capture(model, prompts[:batch_size], resid_sites(model), warm, batch_size=batch_size, progress=False)
+        with tempfile.TemporaryDirectory() as folder:
+            started = time.perf_counter()
+            capture(model, prompts, resid_sites(model), folder, batch_size=batch_size, progress=False)
+            seconds = time.perf_counter() - started
+        achieved = forward_flops(model, lengths) / seconds / 1e9
+        out["by_dtype"][dtype] = {"gemm_gflops": rate, "capture_gflops": achieved, "fraction_of_own_gemm": achieved / rate,
+                                  "tokens_per_second": sum(lengths) / seconds, "seconds": seconds,
+                                  "mean_prompt_tokens": mean_len}
+    best = max(v["gemm_gflops"] for v in out["by_dtype"].values())
+    for v in out["by_dtype"].values():
+        v["fraction_of_best_gemm"] = v["capture_gflops"] / best
+    out["best_gemm_gflops"] = best
+    return out
+
+
 def bench_memory(model_name: str, sizes: list[int]) -> dict:
     out = {}
     for n in sizes:
@@ -142,13 +203,24 @@ def main() -> None:
     )
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--quick", action="store_true", help="smaller sizes (CI smoke run)")
+    parser.add_argument("--only", choices=["roofline"], help="run one section alone (its own results file)")
     args = parser.parse_args()
     # memory is always 1k vs 10k short prompts over three early layers (cheap); --quick shrinks throughput
     n_prompts, sizes = (32 if args.quick else 128), [1000, 10000]
+    roofline = bench_roofline(args.model, n_prompts, batch_size=8)
+    for dtype, r in roofline["by_dtype"].items():
+        print(f"roofline {dtype}: capture {r['capture_gflops']:.0f} GFLOP/s ({r['tokens_per_second']:.0f} tokens/s) "
+              f"= {r['fraction_of_own_gemm']:.0%} of its GEMM rate ({r['gemm_gflops']:.0f} GFLOP/s), "
+              f"{r['fraction_of_best_gemm']:.0%} of the best dtype's")
+    RESULTS.mkdir(exist_ok=True)
+    if args.only == "roofline":
+        (RESULTS / f"capture_roofline{'_quick' if args.quick else ''}.json").write_text(json.dumps(roofline, indent=1))
+        return
     results = {
         "throughput": bench_throughput(args.model, n_prompts, batch_size=8),
         "memory": bench_memory(args.model, sizes),
         "load": bench_load(args.model),
+        "roofline": roofline,
     }
     t, m, ld = results["throughput"], results["memory"], results["load"]
     print(
@@ -165,7 +237,6 @@ def main() -> None:
         f"load first {ld['first']['seconds']:.1f} s vs cached {ld['cached']['seconds']:.1f} s "
         f"= {ld['ratio_first_vs_cached']:.1f}x"
     )
-    RESULTS.mkdir(exist_ok=True)
     name = "capture_quick.json" if args.quick else "capture.json"
     (RESULTS / name).write_text(json.dumps(results, indent=1))
 
