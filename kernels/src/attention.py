@@ -73,10 +73,20 @@ class ClusteredCache:
 
 
 def cluster_cache(keys: torch.Tensor, values: torch.Tensor | None = None, cluster_size: int = 16,
-                  iters: int = 10) -> ClusteredCache:
-    """Sort a prefill cache ``keys [kv, n, d]`` (and ``values``) by k-means cluster, ~``cluster_size`` keys each."""
+                  iters: int = 10, sinks: int = 1) -> ClusteredCache:
+    """Sort a prefill cache ``keys [kv, n, d]`` (and ``values``) by k-means cluster, ~``cluster_size`` keys each.
+
+    The first ``sinks`` positions are clusters of their own (their centroid is the key itself): an attention
+    sink draws much of a head's mass from a key unlike the others, and inside a k-means cluster its score
+    would be hidden behind a mediocre centroid.
+    """
     kv, n, d = keys.shape
-    cent, assign = kmeans(keys.float(), math.ceil(n / cluster_size), iters)
+    sinks = max(0, min(sinks, n - 1))
+    cent, assign = kmeans(keys[:, sinks:].float(), math.ceil((n - sinks) / cluster_size), iters)
+    if sinks:
+        own = torch.arange(sinks, device=keys.device).expand(kv, sinks)
+        cent = torch.cat([keys[:, :sinks].float(), cent], 1)
+        assign = torch.cat([own, assign + sinks], 1)
     c = cent.shape[1]
     perm = assign.argsort(dim=1, stable=True)
     sizes = torch.zeros(kv, c, dtype=torch.long, device=keys.device).scatter_add_(1, assign, torch.ones_like(assign))
