@@ -211,6 +211,17 @@ def test_kernel_refuses_what_it_cannot_run_in_one_line():
         assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("backend", ["torch", "numba"])
+def test_where_the_scored_prefix_starts_changes_the_speed_not_the_choice(backend):
+    """The prefix doubles until the stopping rule stops inside it; the masses below the depth are exact in every
+    round, so the clusters chosen do not depend on ``first_frac``."""
+    for seed in (1, 4):
+        q, k, v, cache = kernel_case(n=2048, seed=seed)
+        chosen = [sa.tactic_decode_attention(q, cache, sa.Tactic(0.9, first_frac=f), backend=backend)[1]
+                  for f in (0.005, 0.02, 0.25, 1.0)]
+        assert all(torch.equal(c, chosen[0]) for c in chosen[1:])
+
+
 def test_selector_on_model_scores_picks_what_the_kernel_picks():
     """The quality numbers (the selector, reading the model's scores) are those of the timed kernel's keys."""
     scores, q, keys = synthetic_head(n=1024, d=32, kv=2, g=2, seed=1)
