@@ -178,6 +178,7 @@ def tactic_select(qg: torch.Tensor, cache: ClusteredCache, fit: TailFit,
     kv, g, _ = qg.shape
     c = cache.sizes.shape[1]
     n, nb, dev = cache.n, fit.rank_bins, qg.device
+    has_new = new_scores is not None and new_scores.shape[-1] > 0
     rank_score = torch.bmm(qg.float(), cache.centroids.float().transpose(1, 2))  # [kv, g, C]
     hi, lo = rank_score.amax(-1, keepdim=True), rank_score.amin(-1, keepdim=True)
     bins = ((hi - rank_score) / (hi - lo).clamp_min(1e-12) * nb).long().clamp_max(nb - 1)  # 0: the highest scores
@@ -198,7 +199,7 @@ def tactic_select(qg: torch.Tensor, cache: ClusteredCache, fit: TailFit,
             s = score_rows(idx).float()
             if ref is None:  # the first chunk holds the top clusters: a safe reference for exp
                 ref = s.masked_fill(~valid[:, None], float("-inf")).amax(-1, keepdim=True)
-                if new_scores is not None and new_scores.shape[-1]:
+                if has_new:
                     ref = torch.maximum(ref, new_scores.float().amax(-1, keepdim=True))
             e = torch.exp(s - ref) * valid[:, None]
             mass.scatter_add_(-1, of_cluster.gather(1, idx)[:, None].expand(kv, g, -1), e)
@@ -206,7 +207,6 @@ def tactic_select(qg: torch.Tensor, cache: ClusteredCache, fit: TailFit,
             scored |= new
         if samples is None:
             samples = _tail_samples(fit, cache, bins, sizes, cum, score_rows, ref)
-            has_new = new_scores is not None and new_scores.shape[-1] > 0
             new_mass = torch.exp(new_scores.float() - ref).sum(-1) if has_new else torch.zeros(kv, g, device=dev)
         bin_mass = torch.zeros(kv, g, nb, device=dev).scatter_add_(-1, bins, mass)
         counts = fit.count(bin_mass, sizes, samples, new_mass, head)
@@ -235,12 +235,16 @@ def _tail_samples(fit: TailFit, cache: ClusteredCache, bins, sizes, cum, score_r
     return out[0], out[1], out[2], out[3]
 
 
+def _grouped(q: torch.Tensor, kv: int, scale: float | None) -> torch.Tensor:
+    """``q [h, d]`` -> scaled ``[kv, g, d]``, grouped-query heads under their KV head (scale 1/sqrt(d) by default)."""
+    h, d = q.shape
+    return q.reshape(kv, h // kv, d) * (scale if scale is not None else d**-0.5)
+
+
 def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float | None = None) -> torch.Tensor:
     """Dense single-query attention (the baseline): ``q [h, d]``, ``keys/values [kv, n, d]`` -> ``[h, d]``."""
-    h, d = q.shape
-    kv = keys.shape[0]
-    qg = q.reshape(kv, h // kv, d) * (scale if scale is not None else d**-0.5)
-    return torch.bmm(torch.bmm(qg, keys.transpose(1, 2)).softmax(-1), values).reshape(h, d)
+    qg = _grouped(q, keys.shape[0], scale)
+    return torch.bmm(torch.bmm(qg, keys.transpose(1, 2)).softmax(-1), values).reshape(q.shape)
 
 
 def tactic_decode_attention(q: torch.Tensor, cache: ClusteredCache, fit: TailFit | None = None,
@@ -259,7 +263,7 @@ def tactic_decode_attention(q: torch.Tensor, cache: ClusteredCache, fit: TailFit
     h, d = q.shape
     kv, n, _ = cache.keys.shape
     g = h // kv
-    qg = q.reshape(kv, g, d) * (scale if scale is not None else d**-0.5)
+    qg = _grouped(q, kv, scale)
     if new_keys is None:
         new_keys = new_values = cache.keys.new_zeros(kv, 0, d)
     if cache.values is None:

@@ -25,6 +25,16 @@ def _dot(a, b):
 
 
 @njit(cache=True)
+def _below(cum, x):
+    """How many entries of ``cum`` are below ``x``: the bins a key-count ``x`` passes (``(cum < x).sum()``)."""
+    k = 0
+    for b in range(cum.shape[0]):
+        if cum[b] < x:
+            k += 1
+    return k
+
+
+@njit(cache=True)
 def _head(qg, cent, keys, values, starts, sizes, new_keys, new_values, p, exact_frac, fit1, fit2, bridge,
           first_frac, nb, out, chosen):
     g, d = qg.shape
@@ -54,11 +64,7 @@ def _head(qg, cent, keys, values, starts, sizes, new_keys, new_values, p, exact_
     top = max(1, math.ceil(exact_frac * n))
     head = np.empty(g, np.int64)
     for j in range(g):
-        k = 0
-        for b in range(nb):
-            if cum[j, b] < top:
-                k += 1
-        head[j] = min(k + 1, nb)
+        head[j] = min(_below(cum[j], top) + 1, nb)
     scores = np.empty((g, n), np.float32)
     scored = np.zeros(c, np.bool_)
     mass = np.zeros((g, c), np.float32)
@@ -76,11 +82,7 @@ def _head(qg, cent, keys, values, starts, sizes, new_keys, new_values, p, exact_
     batch = np.empty(c, np.int64)
     while True:
         for j in range(g):
-            k = 0
-            for b in range(nb):
-                if cum[j, b] < target:
-                    k += 1
-            depth[j] = min(max(k + 1, head[j]), nb)
+            depth[j] = min(max(_below(cum[j], target) + 1, head[j]), nb)
         m = 0
         for i in range(c):
             if not scored[i]:
@@ -118,11 +120,7 @@ def _head(qg, cent, keys, values, starts, sizes, new_keys, new_values, p, exact_
             for j in range(g):
                 for f in range(2):
                     frac = fit1 if f == 0 else fit2
-                    b = 0
-                    for bb in range(nb):
-                        if cum[j, bb] < frac * n:
-                            b += 1
-                    b = min(b, nb - 1)
+                    b = min(_below(cum[j], frac * n), nb - 1)
                     cid = 0
                     for i in range(c):
                         if bins[j, i] == b:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from workbench.detect import shared_fits
 from workbench.errors import WorkbenchError
 
 FORMAT = 1
@@ -108,12 +109,10 @@ class Detector:
     settings: dict = field(default_factory=dict)  # C, pca, chosen layer: what was selected and how
 
     def fit(self, X: np.ndarray, y: np.ndarray) -> Detector:
-        from workbench.detect.shared_fits import fit
-
-        self.pipeline = fit(make_pipeline(self.settings.get("C", 1.0), self.settings.get("pca"),
-                                          reference=self.settings.get("reference"),
-                                          tokens=self.settings.get("tokens"),
-                                          members=self.settings.get("members")), X, y)
+        pipeline = make_pipeline(self.settings.get("C", 1.0), self.settings.get("pca"),
+                                 reference=self.settings.get("reference"), tokens=self.settings.get("tokens"),
+                                 members=self.settings.get("members"))
+        self.pipeline = shared_fits.fit(pipeline, X, y)
         return self
 
     def predict_proba(self, X: np.ndarray) -> np.ndarray:

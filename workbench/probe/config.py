@@ -84,7 +84,7 @@ class ProbeConfig:
 
     @classmethod
     def quick(cls, **overrides) -> ProbeConfig:
-        """A version in well under a minute on the embedded default (34 s in bfloat16, 66 s in float32 on 2 cores):
-        fewer prompts, layers and subsamples."""
+        """A version in under a minute on the embedded default in its default dtype (34 s in bfloat16; 66 s in
+        float32 on 2 cores): fewer prompts, layers and subsamples."""
         base = cls(n_pairs=80, k=30, K=12, n_parts=2, n_boot=200, n_perm=500, flow_samples=8, flow_gaps=(1, 3))
         return replace(base, **overrides)

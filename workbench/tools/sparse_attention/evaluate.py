@@ -137,7 +137,8 @@ def compare_attention(model, tokens: torch.Tensor, n_prefill: int, methods: Sequ
     """Teacher-forced decode of ``tokens[:, n_prefill:]`` under each method vs full attention.
 
     One row per method: mean over layers and steps of the fraction of cached keys loaded
-    (per KV head; also per layer type, ``loaded_global`` and, for sliding-window models, ``loaded_local``), the attention-mass recall and the relative error of the attention output
+    (per KV head; also per layer type, ``loaded_global`` and, for sliding-window models,
+    ``loaded_local``), the attention-mass recall and the relative error of the attention output
     (both against dense attention given the same inputs), the KL(full || sparse) of the
     next-token distribution, and the perplexity of the decoded tokens. Methods are
     ``name[:param]`` with param = P for topp/tactic or a budget in keys for the others;
@@ -172,7 +173,7 @@ def compare_attention(model, tokens: torch.Tensor, n_prefill: int, methods: Sequ
         seconds = time.perf_counter() - t0
         lp = out["logprobs"]
         kl = (ref_lp.exp() * (ref_lp - lp)).sum(-1).mean().item()
-        met = {k: sum(v) / len(v) for k, v in out["metrics"].items()}
+        met = {k: _mean(v) for k, v in out["metrics"].items()}
         by_type = {f"loaded_{kind}": _mean([x for x, t in zip(out["metrics"]["loaded"], types, strict=True)
                                                      if t == kind])
                    for kind in ("global", "local") if kind in types}

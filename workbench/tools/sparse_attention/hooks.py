@@ -66,8 +66,8 @@ def sparse_attention_hooks(model, selector: Selector, cache, n_prefill: int, met
             s = scores[:, :, 0]
             if window is not None:  # the model's own window, dense
                 n = s.shape[-1]
-                keep = torch.arange(n, device=s.device) >= n - window
-                mask = keep.expand(s.shape[0], n_kv, n)
+                in_window = torch.arange(n, device=s.device) >= n - window
+                mask = in_window.expand(s.shape[0], n_kv, n)
             else:
                 mask = selector.select(L, s, stash[(L, "q")][:, -1], stash[(L, "k")], n_prefill)  # [b, kv, n]
             mask_h = mask.repeat_interleave(s.shape[1] // mask.shape[1], dim=1)
