@@ -114,3 +114,22 @@ def test_repeated_prompts_are_one_point_and_too_few_distinct_ones_are_refused(ti
     with pytest.raises(WorkbenchError, match=r"injection has 3 distinct 'clean' prompts"):
         run_probe(tiny, ProbeConfig(**SMALL), tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_of_other_prompts_with_the_same_settings_is_refused_before_anything_is_written(tmp_path):
+    """The corpus the generator reads changes with what is installed: same settings, other prompts. Seen on a
+    fresh install: the prompts file was rewritten, then the store refused, leaving a mixed folder."""
+    from workbench.commands.probe import check_run_prompts
+    from workbench.io import write_jsonl
+
+    old = [{"text": "a", "label": "clean"}, {"text": "b", "label": "adversarial"}]
+    write_jsonl(old, tmp_path / "prompts-injection.jsonl")
+    before = (tmp_path / "prompts-injection.jsonl").read_bytes()
+    assert check_run_prompts(tmp_path, {"injection": old}) is False  # the same prompts resume
+    new = [{"text": "a", "label": "clean"}, {"text": "c", "label": "adversarial"}]
+    with pytest.raises(WorkbenchError, match="other injection prompts") as info:
+        check_run_prompts(tmp_path, {"injection": new})
+    assert "\n" not in str(info.value)
+    assert (tmp_path / "prompts-injection.jsonl").read_bytes() == before
+    assert check_run_prompts(tmp_path, {"injection": new}, overwrite=True) is True
+    assert check_run_prompts(tmp_path / "empty", {"injection": new}) is False

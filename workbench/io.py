@@ -155,8 +155,13 @@ def write_csv_atomic(path: Path, rows: list[dict]) -> None:
     write_atomic(path, write)
 
 
+def jsonl_text(records: list[dict]) -> str:
+    """``records`` as JSON lines, exactly as ``write_jsonl`` writes them (so a saved file can be compared)."""
+    return "".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in records)
+
+
 def write_jsonl(records: list[dict], path: str | Path) -> Path:
     """``records`` as JSON lines (UTF-8, one object per line), replacing ``path`` atomically."""
     path = Path(path)
-    write_text_atomic(path, "".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in records))
+    write_text_atomic(path, jsonl_text(records))
     return path

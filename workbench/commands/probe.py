@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from workbench.errors import WorkbenchError
-from workbench.io import check_output_folder, write_json_atomic
+from workbench.io import check_output_folder, jsonl_text, write_json_atomic
 from workbench.probe import ProbeConfig, ProbeReport, analyze_condition, condition_prompts, flow_by_class
 from workbench.probe.config import MIN_POINTS
 
@@ -47,7 +47,8 @@ def run_probe(model, config: ProbeConfig, out: str | Path, progress: bool = True
             raise WorkbenchError(f"{condition} has {smaller} distinct {label!r} prompts: the subsample protocol needs "
                                  f"{MIN_POINTS} per part over {config.n_parts} parts; ask for more --pairs or fewer "
                                  "parts")
-    if check_run_folder(out, config, overwrite):  # another run's files, replaced (only with ``overwrite``)
+    if check_run_folder(out, config, overwrite) or check_run_prompts(out, prompts, overwrite):
+        # another run's files, replaced (only with ``overwrite``)
         for name in RUN_FILES:
             target = out / name
             shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
@@ -74,6 +75,22 @@ def run_probe(model, config: ProbeConfig, out: str | Path, progress: bool = True
     write_json_atomic(out / "report.json", report.to_dict())
     write_probe_html(report, out / "report.html")
     return report
+
+
+def check_run_prompts(out: Path, prompts: dict[str, list[dict]], overwrite: bool = False) -> bool:
+    """Whether ``out`` holds a run of other prompts under the same settings (the generator or the corpus it reads
+    changed since): refused like other settings, before anything is written, unless ``overwrite``."""
+    for condition, records in prompts.items():
+        path = out / f"prompts-{condition}.jsonl"
+        if not path.is_file():
+            continue
+        if path.read_text(encoding="utf-8") != jsonl_text(records):
+            if not overwrite:
+                raise WorkbenchError(f"{out} holds a probe run of other {condition} prompts with the same settings "
+                                     "(the prompt generator or its corpus changed since): pass --overwrite to "
+                                     "replace it, or choose another --out")
+            return True
+    return False
 
 
 def check_run_folder(out: Path, config: ProbeConfig, overwrite: bool = False) -> bool:
