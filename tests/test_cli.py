@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from workbench.cli import app
 
 runner = CliRunner()
-COMMANDS = ["detect eval", "models", "sites", "capture", "probe", "topology", "detect", "study run", "backdoor train",
+COMMANDS = ["detect eval", "corpus", "models", "sites", "capture", "probe", "topology", "detect", "study run", "backdoor train",
             "backdoor eval", "sae train", "sae features", "sae interference", "sae intervene", "quant eval",
             "attention eval", "generate"]
 

@@ -126,3 +126,79 @@ def test_concurrent_builders_share_one_build_and_a_broken_one_is_redone(fake_sit
     assert corpus.build_corpus([fake_site]) == folder and (folder / "train.jsonl").read_text() == good
     (folder / "manifest.json").write_text("{not json")
     assert corpus.build_corpus([fake_site]) == folder and json.loads((folder / "manifest.json").read_text())
+
+
+def _fake_distribution(site, name, version, files):
+    """A real installed-distribution layout (dist-info with METADATA and RECORD) that importlib.metadata finds."""
+    info = site / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    for rel, text in files.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(text)
+    (info / "RECORD").write_text("".join(f"{rel},,\n" for rel in [*files, f"{info.name}/METADATA"]))
+    return info
+
+
+def test_corpus_reads_only_its_distributions_and_is_keyed_by_their_versions(tmp_path, monkeypatch):
+    """Installing an unrelated package changes neither the key nor the text; a new version of a read one does."""
+    import sys
+
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
+    site = tmp_path / "site"
+    info = _fake_distribution(site, "wbfakedocs", "1.0", {
+        f"wbfakedocs/m{i}.py": f'"""{PROSE.format(n=i)}"""\n' for i in range(30)} | {
+        "wbfakedocs/tests/t.py": f'"""{PROSE.format(n="test")}"""\n', "../../bin/wbfake": "#!/bin/sh\n"})
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(corpus, "CORPUS_DISTRIBUTIONS", ("wbfakedocs", "wb-not-installed"))
+    assert corpus.installed_distributions() == {"wbfakedocs": "1.0"}
+    assert [k for k, _ in corpus.distribution_files()] == sorted(f"wbfakedocs/m{i}.py" for i in range(30))  # no tests,
+    # scripts outside site-packages, or metadata
+    key = corpus.text_fingerprint()
+    folder = corpus.build_corpus(progress=False)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["distributions"] == {"wbfakedocs": "1.0"} and sum(manifest["documents"].values()) == 30
+    assert corpus.corpus_record() == {"fingerprint": folder.name, "version": corpus.CORPUS_VERSION,
+                                      "distributions": {"wbfakedocs": "1.0"}}
+
+    _fake_distribution(site, "wbunrelated", "2.0", {"wbunrelated/a.py": f'"""{PROSE.format(n="other")}"""\n'})
+    assert corpus.text_fingerprint() == key and corpus.build_corpus(progress=False) == folder
+
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: wbfakedocs\nVersion: 1.1\n")
+    info.rename(site / "wbfakedocs-1.1.dist-info")
+    sys.path_importer_cache.clear()
+    assert corpus.text_fingerprint() != key
+
+
+def test_hugging_face_dataset_source(tmp_path):
+    """``hf:NAME`` goes through ``datasets`` (here a local folder of data files, as the hub's would be cached)."""
+    pytest.importorskip("datasets")
+    data = tmp_path / "ds"
+    data.mkdir()
+    rows = [PROSE.format(n=i) for i in range(50)]
+    (data / "train.jsonl").write_text("\n".join(json.dumps({"text": t, "id": i}) for i, t in enumerate(rows)))
+    source = f"hf:{data}"
+    assert [t for _, t in corpus.local_documents(source)] == rows
+    held, train = corpus.documents("heldout", source), corpus.documents("train", source)
+    assert sorted(held + train) == sorted(rows) and held and train
+    assert corpus.text_fingerprint(source).startswith(source)
+    (tmp_path / "notext").mkdir()
+    (tmp_path / "notext" / "train.jsonl").write_text(json.dumps({"body": "x"}))
+    with pytest.raises(WorkbenchError, match="no 'text' column"):
+        corpus.documents("all", f"hf:{tmp_path / 'notext'}")
+    with pytest.raises(WorkbenchError, match="Could not load the Hugging Face dataset"):
+        corpus.documents("all", f"hf:{tmp_path / 'missing'}")
+
+
+def test_corpus_command_describes_a_source(tmp_path):
+    from typer.testing import CliRunner
+
+    from workbench.cli import app
+
+    (tmp_path / "c.jsonl").write_text("\n".join(json.dumps({"text": PROSE.format(n=i)}) for i in range(40)))
+    result = CliRunner().invoke(app, ["corpus", "--source", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert sum(out["documents"].values()) == 40 and out["fingerprint"].startswith("local:")
+    missing = CliRunner().invoke(app, ["corpus", "--source", str(tmp_path / "nope")])
+    assert isinstance(missing.exception, WorkbenchError) and "does not exist" in str(missing.exception)

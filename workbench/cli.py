@@ -103,6 +103,35 @@ def models(as_json: JsonOpt = False):
 
 
 @app.command()
+def corpus(
+    source: Annotated[str | None, typer.Option(
+        help="a .txt/.md/.jsonl file, a folder, or hf:NAME (a Hugging Face dataset); default: the package corpus")] = None,
+    rebuild: Annotated[bool, typer.Option(help="build the package corpus again even if it is cached")] = False,
+    as_json: JsonOpt = False,
+):
+    """Build (once) and describe the offline text corpus: what it read, its fingerprint, documents per split."""
+    from workbench.data import corpus as text
+
+    if source is None:
+        manifest = text.corpus_manifest() if not rebuild else json.loads(
+            (text.build_corpus(force=True) / "manifest.json").read_text())
+        result = {"fingerprint": text.text_fingerprint(), **manifest}
+    else:
+        docs = list(text.local_documents(source))
+        splits = {s: [t for k, t in docs if text.split_of(k) == s] for s in ("train", "heldout")}
+        result = {"fingerprint": text.text_fingerprint(source), "source": source,
+                  "documents": {s: len(v) for s, v in splits.items()},
+                  "characters": {s: sum(map(len, v)) for s, v in splits.items()}}
+    if as_json:
+        return _echo_json(result)
+    typer.echo(f"corpus {result['fingerprint']}")
+    for name, version in result.get("distributions", {}).items():
+        typer.echo(f"  {name}=={version}")
+    for split in ("train", "heldout"):
+        typer.echo(f"{split:<8} {result['documents'][split]:>7,} documents {result['characters'][split]:>12,} characters")
+
+
+@app.command()
 def sites(
     model: ModelOpt = "smollm2-135m",
     model_path: ModelPathOpt = None,

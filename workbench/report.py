@@ -43,10 +43,14 @@ def tree_sha256(roots) -> str:
 def versions() -> dict:
     """Versions of the packages (and the platform) the numbers depend on, the workbench's own code by its
     fingerprint: recorded beside every result, and part of every study job's cache key (a code edit recomputes
-    the jobs), so nothing here may depend on what happens to be imported."""
+    the jobs), so nothing here may depend on what happens to be imported. The text corpus is recorded by its
+    key and distributions: the generator's documents and every corpus-token measurement depend on it."""
     from importlib.metadata import PackageNotFoundError, version
 
-    out = {"python": platform.python_version(), "platform": platform.platform(), "workbench_source": source_sha256()}
+    from workbench.data.corpus import corpus_record
+
+    out = {"python": platform.python_version(), "platform": platform.platform(), "workbench_source": source_sha256(),
+           "corpus": corpus_record()}
     for pkg in ("workbench", "torch", "transformer-lens", "transformers", "numpy", "scikit-learn", "giotto-ph",
                 "ripser", "gudhi", "sae-lens"):
         try:

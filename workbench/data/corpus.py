@@ -1,36 +1,45 @@
 """An offline English + code text corpus, and fixed-length token blocks cut from it.
 
-Text that is on every machine: the docstrings and documentation files (.md, .rst, .txt) of
-the installed Python packages. ``build_corpus`` walks site-packages in sorted order, keeps
-mostly-prose English (code examples inside docstrings stay), drops license files, data
-files and exact duplicates, and splits documents into train / held-out by a hash of their
-source path, so the split is the same on every machine with the same packages and a
-document never straddles it. The result is cached as JSON lines in the user cache folder,
-keyed by the installed packages and their versions: installing or upgrading a package gives
-a new corpus (and new splits), so results record the corpus fingerprint.
+Text that is on every machine with the workbench: the docstrings and documentation files (.md, .rst,
+.txt) of a fixed list of distributions that ``pip install workbench`` always brings
+(``CORPUS_DISTRIBUTIONS``: torch, transformers, numpy, scipy, ...). ``build_corpus`` reads their files in
+sorted order, keeps mostly-prose English (code examples inside docstrings stay), drops license files,
+data files and exact duplicates, and splits documents into train / held-out by a hash of their path, so
+a document never straddles the split. The result is cached as JSON lines in the user cache folder, keyed
+by what it read: those distributions with their versions, and the filter settings. Installing an
+unrelated package changes nothing; with the versions of ``constraints.txt`` every machine gets the same
+corpus, and results record its fingerprint and distributions (``corpus_record``).
 
-A user's own text (a .txt / .md / .jsonl file or a folder of them) goes through the same
-split and blocking code via ``source=``.
+A user's own text (a .txt / .md / .jsonl file or a folder of them, or ``hf:NAME`` for a Hugging Face
+dataset through ``datasets``) goes through the same split and blocking code via ``source=``.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import importlib.metadata
 import inspect
 import json
+import logging
 import os
 import re
-import site
-import sysconfig
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from workbench.errors import WorkbenchError
 from workbench.paths import cache_dir
 
-CORPUS_VERSION = 1
+log = logging.getLogger(__name__)
+
+CORPUS_VERSION = 2  # 2: a fixed list of distributions, keyed by their versions (1: all of site-packages)
+# Prose-rich distributions that `pip install workbench` always installs (core dependencies and theirs):
+# about 37M characters. Extras and unrelated packages stay out, so installing them never moves the corpus.
+CORPUS_DISTRIBUTIONS = (
+    "huggingface-hub", "matplotlib", "networkx", "numpy", "pandas", "plotly", "scikit-learn", "scipy",
+    "sympy", "torch", "transformer-lens", "transformers",
+)
 HELDOUT_PERCENT = 10
 SPLITS = ("train", "heldout", "all")
 DOC_SUFFIXES = (".md", ".rst", ".txt")
@@ -89,20 +98,43 @@ def _check_split(split: str) -> None:
 # ----------------------------------------------------------------------------- site-packages
 
 
-def site_packages_dirs() -> list[Path]:
-    """The existing site-packages folders of this interpreter, sorted and de-duplicated."""
-    candidates = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *site.getsitepackages()}
-    return sorted({Path(p).resolve() for p in candidates if Path(p).is_dir()})
+def _skipped(parts: tuple[str, ...]) -> bool:
+    """A metadata, cache or test folder anywhere on the path."""
+    return any(d in _SKIP_DIR or d.endswith((".dist-info", ".egg-info")) for d in parts)
 
 
-def _walk(root: Path) -> Iterator[Path]:
-    """Files under ``root`` in a deterministic order, skipping metadata, caches and test folders."""
+def _walk(root: Path) -> Iterator[tuple[str, Path]]:
+    """``(key, path)`` of the files under ``root`` in a deterministic order, skipping metadata, caches and tests."""
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(
-            d for d in dirnames if d not in _SKIP_DIR and not d.endswith((".dist-info", ".egg-info"))
-        )
+        dirnames[:] = sorted(d for d in dirnames if not _skipped((d,)))
         for name in sorted(filenames):
-            yield Path(dirpath) / name
+            path = Path(dirpath) / name
+            yield path.relative_to(root).as_posix(), path
+
+
+def installed_distributions(names: Iterable[str] | None = None) -> dict[str, str]:
+    """``{name: version}`` of the corpus distributions (or ``names``) that are installed (a missing one is left out)."""
+    found = {}
+    for name in CORPUS_DISTRIBUTIONS if names is None else names:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def distribution_files(names: Iterable[str] | None = None) -> list[tuple[str, Path]]:
+    """``(key, path)`` of the installed files of these distributions (from their RECORD), sorted by key; the key
+    is the path in site-packages. Files installed outside site-packages (scripts) are left out."""
+    files = {}
+    for name in installed_distributions(names):
+        dist = importlib.metadata.distribution(name)
+        for rel in dist.files or ():
+            parts = rel.parts
+            if ".." in parts or _skipped(parts[:-1]):
+                continue
+            files.setdefault(rel.as_posix(), Path(dist.locate_file(rel)))
+    return sorted(files.items())
 
 
 def docstrings(source: str) -> list[str]:
@@ -130,52 +162,71 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def site_documents(roots: Iterable[Path] | None = None) -> Iterator[tuple[str, str]]:
-    """``(key, text)`` for each prose document of the installed packages, deduplicated.
+def _files(roots: Iterable[Path] | None) -> list[tuple[str, Path]]:
+    """What a build reads: the corpus distributions' files, or every file under each folder of ``roots``."""
+    if roots is None:
+        return distribution_files()
+    return [item for root in roots for item in _walk(Path(root))]
+
+
+def site_documents(roots: Iterable[Path] | None = None, progress: bool = False) -> Iterator[tuple[str, str]]:
+    """``(key, text)`` for each prose document of the corpus distributions (or of the package folders
+    ``roots``), deduplicated.
 
     A .py file gives one document (its prose docstrings joined); a documentation file gives
     one document if it reads as prose. Keys are paths relative to their site-packages folder.
     """
+    from workbench.progress import progress_bar
+
     seen: set[str] = set()
-    for root in roots if roots is not None else site_packages_dirs():
-        root = Path(root)
-        for path in _walk(root):
-            if _SKIP_NAME.match(path.name):
-                continue
-            is_py = path.suffix == ".py"
-            if not is_py and path.suffix.lower() not in DOC_SUFFIXES:
-                continue
-            text = _read(path)
-            if not text:
-                continue
-            parts = [d for d in docstrings(text) if is_prose(d)] if is_py else ([text] if is_prose(text) else [])
-            kept = []
-            for part in parts:
-                h = _digest(part)
-                if h not in seen:
-                    seen.add(h)
-                    kept.append(part.strip())
-            if kept:
-                yield path.relative_to(root).as_posix(), "\n\n".join(kept)
+    for key, path in progress_bar(_files(roots), desc="corpus", unit="file", disable=not progress):
+        if _SKIP_NAME.match(path.name):
+            continue
+        is_py = path.suffix == ".py"
+        if not is_py and path.suffix.lower() not in DOC_SUFFIXES:
+            continue
+        text = _read(path)
+        if not text:
+            continue
+        parts = [d for d in docstrings(text) if is_prose(d)] if is_py else ([text] if is_prose(text) else [])
+        kept = []
+        for part in parts:
+            h = _digest(part)
+            if h not in seen:
+                seen.add(h)
+                kept.append(part.strip())
+        if kept:
+            yield key, "\n\n".join(kept)
 
 
-def _fingerprint(roots: list[Path]) -> str:
-    dists = sorted(
-        f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions() if d.metadata["Name"]
-    )
-    blob = json.dumps({"version": CORPUS_VERSION, "roots": [str(r) for r in roots], "dists": dists})
+def _filters() -> dict:
+    """The settings that decide what a build keeps (a change gives a new corpus)."""
+    return {"version": CORPUS_VERSION, "heldout_percent": HELDOUT_PERCENT, "doc_suffixes": DOC_SUFFIXES,
+            "max_file_bytes": MAX_FILE_BYTES, "min_docstring_chars": MIN_DOCSTRING_CHARS,
+            "skip_name": _SKIP_NAME.pattern, "skip_dir": sorted(_SKIP_DIR), "stopwords": sorted(_STOPWORDS)}
+
+
+def _fingerprint(roots: list[Path] | None) -> str:
+    """The corpus distributions and their versions, or the package folders' file names, sizes and mtimes."""
+    if roots is None:
+        read = {"distributions": installed_distributions()}
+    else:
+        read = {"roots": [[str(r), [(k, p.stat().st_size, p.stat().st_mtime_ns) for k, p in _walk(r)]] for r in roots]}
+    blob = json.dumps({**_filters(), **read}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def build_corpus(roots: Iterable[Path] | None = None, force: bool = False) -> Path:
-    """Build (once) and return the cache folder holding ``train.jsonl``, ``heldout.jsonl``, ``manifest.json``."""
+def build_corpus(roots: Iterable[Path] | None = None, force: bool = False, progress: bool = True) -> Path:
+    """Build (once) and return the cache folder holding ``train.jsonl``, ``heldout.jsonl``, ``manifest.json``.
+
+    ``roots``: folders of packages to read whole instead of the corpus distributions (tests, a user's own)."""
     from workbench.io import build_once
 
-    roots = [Path(r).resolve() for r in roots] if roots is not None else site_packages_dirs()
+    roots = [Path(r).resolve() for r in roots] if roots is not None else None
     folder = cache_dir("corpus") / _fingerprint(roots)
     # one builder, in a temporary folder published whole; the others wait, then reuse its result
-    return build_once(folder, lambda tmp: _build(roots, tmp, folder.name), lambda f: not force and _complete(f),
-                      f"the corpus {folder}")
+    return build_once(folder, lambda tmp: _build(roots, tmp, folder.name, progress),
+                      lambda f: not force and _complete(f), f"the corpus {folder}")
 
 
 def _complete(folder: Path) -> bool:
@@ -187,12 +238,13 @@ def _complete(folder: Path) -> bool:
     return all((folder / f"{s}.jsonl").exists() for s in manifest.get("documents", {}))
 
 
-def _build(roots: list[Path], folder: Path, fingerprint: str) -> None:
+def _build(roots: list[Path] | None, folder: Path, fingerprint: str, progress: bool) -> None:
     """Write the splits and the manifest into ``folder`` (a fresh temporary one, published by the caller)."""
+    log.info("building the text corpus in %s (once; a minute or two)", folder)
     counts = {"train": [0, 0], "heldout": [0, 0]}
     handles = {s: (folder / f"{s}.jsonl").open("w", encoding="utf-8") for s in counts}
     try:
-        for key, text in site_documents(roots):
+        for key, text in site_documents(roots, progress=progress):
             s = split_of(key)
             handles[s].write(json.dumps({"source": key, "text": text}) + "\n")
             counts[s][0] += 1
@@ -203,7 +255,7 @@ def _build(roots: list[Path], folder: Path, fingerprint: str) -> None:
     (folder / "manifest.json").write_text(json.dumps({
         "version": CORPUS_VERSION,
         "fingerprint": fingerprint,
-        "roots": [str(r) for r in roots],
+        **({"distributions": installed_distributions()} if roots is None else {"roots": [str(r) for r in roots]}),
         "heldout_percent": HELDOUT_PERCENT,
         "documents": {s: c[0] for s, c in counts.items()},
         "characters": {s: c[1] for s, c in counts.items()},
@@ -212,15 +264,23 @@ def _build(roots: list[Path], folder: Path, fingerprint: str) -> None:
 
 def text_fingerprint(source: str | Path | None = None) -> str:
     """What the text of ``documents(..., source)`` depends on, for cache keys: the package corpus's
-    fingerprint (installed packages and versions), or a local source's path and each file's name, size
-    and mtime (an edited file, a new key)."""
+    fingerprint (its distributions and versions), a Hugging Face dataset's own content fingerprint, or a local
+    source's path and each file's name, size and mtime (an edited file, a new key)."""
     if source is None:
-        return "packages:" + _fingerprint(site_packages_dirs())
+        return "packages:" + _fingerprint(None)
+    if _is_hf(source):
+        return f"{source}:" + _hf_dataset(str(source))._fingerprint  # datasets' hash of the rows
     root = Path(source).expanduser().resolve()
     files = sorted(root.rglob("*")) if root.is_dir() else [root]
     stats = [(str(f.relative_to(root)) if root.is_dir() else f.name, f.stat().st_size, f.stat().st_mtime_ns)
              for f in files if f.is_file()]
     return "local:" + hashlib.sha256(json.dumps([str(root), stats]).encode()).hexdigest()[:16]
+
+
+def corpus_record() -> dict:
+    """What a result that read the package corpus records about it, without building it: the fingerprint
+    (its cache key) and the distributions read, with their versions."""
+    return {"fingerprint": _fingerprint(None), "version": CORPUS_VERSION, "distributions": installed_distributions()}
 
 
 def corpus_manifest() -> dict:
@@ -230,12 +290,46 @@ def corpus_manifest() -> dict:
 
 # ----------------------------------------------------------------------------- reading
 
+HF_PREFIX = "hf:"
+
+
+def _is_hf(source) -> bool:
+    return source is not None and str(source).startswith(HF_PREFIX)
+
+
+@functools.lru_cache(maxsize=4)
+def _hf_dataset(spec: str):
+    """The ``train`` split of the Hugging Face dataset ``hf:NAME`` (a hub name, cached or online, or a local
+    folder of data files), loaded through ``datasets``."""
+    from workbench.errors import require
+
+    require("datasets")
+    import datasets
+
+    name = spec[len(HF_PREFIX):]
+    try:
+        data = datasets.load_dataset(name, split="train")
+    except Exception as exc:  # datasets raises many types (hub, file, builder): one line for all of them
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise WorkbenchError(f"Could not load the Hugging Face dataset {name!r} ({type(exc).__name__}: {first[:200]}): "
+                             "check the name, and that it is cached or the hub is reachable.") from None
+    if "text" not in data.column_names:
+        raise WorkbenchError(f"The Hugging Face dataset {name!r} has no 'text' column (it has "
+                             f"{', '.join(data.column_names)}): pass a dataset with one.")
+    return data
+
 
 def local_documents(path: str | Path) -> Iterator[tuple[str, str]]:
-    """``(key, text)`` from a .txt / .md file (one document), a .jsonl file (field ``text``), or a folder."""
+    """``(key, text)`` from a .txt / .md file (one document), a .jsonl file (field ``text``), a folder, or a
+    Hugging Face dataset ``hf:NAME`` (its ``text`` column; a row's key is its index)."""
+    if _is_hf(path):
+        for i, text in enumerate(_hf_dataset(str(path))["text"]):
+            yield f"{path}:{i}", str(text)
+        return
     path = Path(path).expanduser()
     if not path.exists():
-        raise WorkbenchError(f"Text source {path} does not exist: pass a .txt/.md/.jsonl file or a folder.")
+        raise WorkbenchError(f"Text source {path} does not exist: pass a .txt/.md/.jsonl file, a folder, or "
+                             "hf:NAME for a Hugging Face dataset.")
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     files = [f for f in files if f.suffix.lower() in LOCAL_SUFFIXES]
     if not files:

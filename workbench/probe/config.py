@@ -63,10 +63,12 @@ class ProbeConfig:
 
     def key(self, model_identity: dict | None = None) -> str:
         """A short hash of everything that changes this run's results: the settings and the model's identity
-        (``models.model_identity``: weights, compute dtype, attention kernel); batch size does not (batching is
-        exact)."""
+        (``models.model_identity``: weights, compute dtype, attention kernel) and the text corpus the prompt
+        generator draws documents from; batch size does not (batching is exact)."""
+        from workbench.data.corpus import text_fingerprint
+
         fields = {k: v for k, v in asdict(self).items() if k != "batch_size"}
-        blob = json.dumps([fields, model_identity, LAYER_PROTOCOL], sort_keys=True, default=str)
+        blob = json.dumps([fields, model_identity, LAYER_PROTOCOL, text_fingerprint()], sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     @classmethod
