@@ -202,3 +202,13 @@ def test_corpus_command_describes_a_source(tmp_path):
     assert sum(out["documents"].values()) == 40 and out["fingerprint"].startswith("local:")
     missing = CliRunner().invoke(app, ["corpus", "--source", str(tmp_path / "nope")])
     assert isinstance(missing.exception, WorkbenchError) and "does not exist" in str(missing.exception)
+
+
+def test_probe_folder_key_follows_the_corpus_only_where_the_prompts_read_it(monkeypatch):
+    """The generator's documents come from the corpus, AgentDojo's and garak's do not."""
+    from workbench.probe import ProbeConfig
+
+    generated, agentdojo = ProbeConfig(conditions=("injection",)), ProbeConfig(conditions=("agentdojo",))
+    before = generated.key(), agentdojo.key()
+    monkeypatch.setattr(corpus, "CORPUS_DISTRIBUTIONS", ("numpy",))  # another corpus: another fingerprint
+    assert generated.key() != before[0] and agentdojo.key() == before[1]

