@@ -129,6 +129,22 @@ def test_runs_page_finds_and_shows_a_report(app_env, report_dir, monkeypatch):
     assert at.session_state["run_dir"] == str(report_dir.resolve())
 
 
+def test_a_fresh_install_shows_the_committed_example_run(app_env, monkeypatch):
+    """With nothing in the user cache, the first screen shows the example report shipped in apps/examples."""
+    import wbapp.runs
+    from wbapp.access import EXAMPLES, app_roots
+
+    example = (EXAMPLES / "probe-smollm2-135m-quick").resolve()
+    assert EXAMPLES in app_roots() and wbapp.runs.discover_runs([EXAMPLES]) == [example]
+    monkeypatch.setattr(wbapp.runs, "search_roots", lambda: [app_env / "cache" / "runs", EXAMPLES])
+    at = open_page()
+    assert at.selectbox(key="runs_found").value == str(example)
+    assert "SmolLM2" in at.subheader[0].value or "smollm2" in at.subheader[0].value
+    assert len(at.dataframe[0].value) == 6  # the quick probe's six layers
+    topology = open_page("topology", run=example)
+    assert topology.get("plotly_chart") and not topology.error
+
+
 def test_runs_page_typed_folder(app_env, report_dir):
     at = open_page()
     at.text_input(key="runs_typed").input(str(app_env / "nowhere")).run()

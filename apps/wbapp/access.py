@@ -1,6 +1,7 @@
 """Which folders the app may read and write: a typed path or a ``?run=`` link never reaches past them.
 
-The roots are the user cache (``$WORKBENCH_CACHE``), the repository's ``studies/``, the folders the app
+The roots are the user cache (``$WORKBENCH_CACHE``), the repository's ``studies/``, the app's own
+``examples/`` (a committed report, so a fresh install has a run to show), the folders the app
 was started with (``streamlit run apps/main.py -- --allow DIR``) and those named by the environment
 variables that point the app at data (``$WORKBENCH_APP_RUN``, ``$WORKBENCH_APP_RUNS``,
 ``$WORKBENCH_APP_SAES``): all chosen by whoever starts the app, none by a visitor.
@@ -15,6 +16,7 @@ from pathlib import Path
 from workbench.errors import WorkbenchError
 
 REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"  # apps/examples, shipped inside the package too
 ENV_FOLDERS = ("WORKBENCH_APP_RUN", "WORKBENCH_APP_RUNS", "WORKBENCH_APP_SAES")
 
 
@@ -52,7 +54,7 @@ def app_roots() -> list[Path]:
     """Every root the app may use now (see the module docstring)."""
     from workbench.paths import cache_dir
 
-    roots = [cache_dir(), REPO / "studies", *argv_folders(sys.argv[1:])]
+    roots = [cache_dir(), REPO / "studies", EXAMPLES, *argv_folders(sys.argv[1:])]
     return roots + [p for name in ENV_FOLDERS for p in env_folders(name)]
 
 

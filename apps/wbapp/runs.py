@@ -17,7 +17,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from wbapp.access import REPO, checked, env_folders
+from wbapp.access import EXAMPLES, REPO, checked, env_folders
 from workbench.errors import WorkbenchError
 from workbench.probe import ProbeReport
 
@@ -25,10 +25,11 @@ RUN_KEY = "run_dir"
 
 
 def search_roots() -> list[Path]:
-    """The user cache's ``runs/`` (the CLI's default), the repo's study results, and ``$WORKBENCH_APP_RUNS``."""
+    """The user cache's ``runs/`` (the CLI's default), the repo's study results, the app's committed example, and
+    ``$WORKBENCH_APP_RUNS``."""
     from workbench.paths import cache_dir
 
-    return [cache_dir("runs"), REPO / "studies", *env_folders("WORKBENCH_APP_RUNS")]
+    return [cache_dir("runs"), REPO / "studies", EXAMPLES, *env_folders("WORKBENCH_APP_RUNS")]
 
 
 def discover_runs(roots: list[Path] | None = None) -> list[Path]:
