@@ -5,6 +5,7 @@ Screenshots land in test-artifacts/ (gitignored) for a person to look at.
 """
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -86,6 +87,11 @@ def test_runs_page(page, app_url):
     page.get_by_text("Run a quick probe").wait_for()
     assert_no_exception(page)
     shoot(page, "runs")
+    # the committed example (apps/examples) is among the runs a fresh install finds: open it
+    page.locator('[data-testid="stSelectbox"]').first.click()
+    page.get_by_role("option", name=re.compile("probe-smollm2-135m-quick")).click()
+    page.get_by_role("heading", name=re.compile("smollm2-135m")).wait_for()
+    assert_no_exception(page)
 
 
 def test_topology_page_draws_diagrams_and_follows_the_layer(page, app_url):
