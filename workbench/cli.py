@@ -468,7 +468,8 @@ def sae_train(
     batch_size: Annotated[int, typer.Option(help="activations per optimizer step")] = 1024,
     block_len: Annotated[int, typer.Option(help="tokens per corpus block")] = 128,
     eval_tokens: Annotated[int, typer.Option(help="held-out tokens for the metrics")] = 4096,
-    source: Annotated[str | None, typer.Option(help="local .txt/.md/.jsonl file or folder instead of the corpus")] = None,
+    source: Annotated[str | None, typer.Option(
+        help="a .txt/.md/.jsonl file, a folder of them, or hf:NAME (a Hugging Face dataset) instead of the corpus")] = None,
     budget: Annotated[float | None, typer.Option(help="stop collecting after this many seconds")] = None,
     name: Annotated[str | None, typer.Option(help="SAE name (default: MODEL-SITE-ARCHITECTURE)")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="replace an SAE of this name trained otherwise")] = False,
