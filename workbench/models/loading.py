@@ -9,11 +9,13 @@ as safetensors in the user cache, so the second load skips the slow part.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -25,13 +27,6 @@ from workbench.paths import cache_dir, model_folder_name
 log = logging.getLogger(__name__)
 
 _CACHE_FORMAT = 1
-_NO_PROCESSING = dict(
-    fold_ln=False,
-    center_writing_weights=False,
-    center_unembed=False,
-    fold_value_biases=False,
-    refactor_factored_attn_matrices=False,
-)
 
 
 def pick_device(device: str = "auto") -> str:
@@ -124,9 +119,9 @@ def load_model(
         info = _apply_derived(model, spec)
     elif spec.source in ("embedded", "gguf"):
         gguf = embedded_gguf(spec) if spec.source == "embedded" else Path(spec.path)
-        model, info = _load_gguf(spec, gguf)
+        model, info = _load_gguf(spec, gguf, torch_dtype)
     else:
-        model, info = _load_hf(spec, trust_remote_code)
+        model, info = _load_hf(spec, trust_remote_code, torch_dtype)
     model = _place(model, device, torch_dtype)
     model.eval()
     model.workbench = {
@@ -186,8 +181,9 @@ def file_sha256(path: Path) -> str:
 # --------------------------------------------------------------------- GGUF
 
 
-def _load_gguf(spec: ModelSpec, gguf: Path):
-    """Dequantize a GGUF once through transformers, then serve it from the safetensors cache.
+def _load_gguf(spec: ModelSpec, gguf: Path, dtype):
+    """Dequantize a GGUF once through transformers into the safetensors cache, then load from the cache, straight
+    into ``dtype`` (the first load too, so it gives what every later one gives).
 
     Two first loads at once are safe: one dequantizes and publishes the entry, the other waits and reads it.
     """
@@ -196,18 +192,23 @@ def _load_gguf(spec: ModelSpec, gguf: Path):
     loaded: dict = {}
 
     def ready(entry: Path) -> bool:
-        loaded["cached"] = _read_cache(entry)
+        loaded["cached"] = _read_cache(entry, dtype)
         return loaded["cached"] is not None
 
     def build(tmp: Path) -> None:
         log.info("dequantizing %s (first load; cached afterwards in %s)", gguf, folder)
-        model = _dequantize(spec, gguf)
-        sha = file_sha256(gguf)
-        _write_cache(tmp, model, {"weights_sha256": sha, "gguf": str(gguf), "spec": spec.name})
-        loaded["built"] = model, {"weights_sha256": sha, "cached": False}
+        _write_cache(tmp, _dequantize(spec, gguf), {"weights_sha256": file_sha256(gguf), "gguf": str(gguf),
+                                                    "spec": spec.name})
+        loaded["built"] = True
 
     build_once(folder, build, ready, f"the model cache {folder}")
-    return loaded.get("built") or loaded["cached"]
+    if not loaded.get("built"):
+        return loaded["cached"]
+    fresh = _read_cache(folder, dtype)
+    if fresh is None:
+        raise WorkbenchError(f"the model cache {folder} was written but cannot be read back: remove it and retry")
+    model, info = fresh
+    return model, {**info, "cached": False}
 
 
 def _check_gguf(gguf: Path) -> None:
@@ -238,25 +239,27 @@ def gguf_cache_folder(spec: ModelSpec, gguf: Path) -> Path:
 
 
 def _dequantize(spec: ModelSpec, gguf: Path):
+    """The GGUF's model as a float32 ``HookedTransformer`` (transformers dequantizes it, TransformerLens converts)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        hf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        holder = [AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)]
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     except Exception as exc:  # a truncated or unsupported file fails deep in the reader, with many types
         reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         raise WorkbenchError(f"could not read {gguf} as a GGUF model ({reason}); is it a complete, supported "
                              "file?") from None
-    return _convert(spec, hf_model, tokenizer)
+    return _convert(spec, holder, tokenizer, torch.float32)
 
 
 def _write_cache(folder: Path, model, meta: dict) -> None:
-    """Write the converted model into ``folder`` (a fresh temporary one that ``build_once`` publishes)."""
+    """Write the converted model's parameters (float32) into ``folder`` (a fresh temporary one that ``build_once``
+    publishes). Buffers (causal masks, rotary tables) are left out: a load builds them from the config."""
     import torch
     from safetensors.torch import save_file
 
-    state = {k: v.detach().to(torch.float32).contiguous().clone() for k, v in model.state_dict().items()}
+    state = {k: v.detach().to(torch.float32).contiguous() for k, v in model.named_parameters()}
     save_file(state, str(folder / "model.safetensors"))
     cfg = {k: v for k, v in model.cfg.to_dict().items() if k not in ("device", "dtype", "n_params")}
     (folder / "config.json").write_text(json.dumps(cfg, default=str, indent=1))
@@ -264,8 +267,9 @@ def _write_cache(folder: Path, model, meta: dict) -> None:
     (folder / "meta.json").write_text(json.dumps({"format": _CACHE_FORMAT, **meta}, indent=1))
 
 
-def _read_cache(folder: Path):
-    """(model, info) from a published cache entry; None when there is none or it is stale or damaged."""
+def _read_cache(folder: Path, dtype=None):
+    """(model, info) from a published cache entry, its weights read straight into ``dtype`` (default float32);
+    None when there is none or it is stale or damaged."""
     meta_file = folder / "meta.json"
     if not meta_file.exists():
         return None
@@ -274,44 +278,155 @@ def _read_cache(folder: Path):
         if meta.get("format") != _CACHE_FORMAT:
             return None
         import torch
-        from safetensors.torch import load_file
-        from transformer_lens import HookedTransformer, HookedTransformerConfig
+        from transformer_lens import HookedTransformerConfig
         from transformers import AutoTokenizer
+
+        from workbench.models.checkpoint import Checkpoint
 
         cfg_dict = json.loads((folder / "config.json").read_text())
         cfg = HookedTransformerConfig.from_dict({**cfg_dict, "dtype": torch.float32, "device": "cpu"})
         tokenizer = AutoTokenizer.from_pretrained(folder / "tokenizer")
-        model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
-        model.load_and_process_state_dict(load_file(str(folder / "model.safetensors")), **_NO_PROCESSING)
+        checkpoint = Checkpoint([folder / "model.safetensors"])
+        model = hooked_from_tensors(cfg, tokenizer, checkpoint.keys(), checkpoint.read, dtype or torch.float32)
         return model, {"weights_sha256": meta["weights_sha256"], "cached": True}
     except Exception as exc:  # a stale or damaged cache is rebuilt, never fatal
         log.warning("model cache %s unreadable (%s); rebuilding it", folder, exc)
         return None
 
 
+@contextlib.contextmanager
+def parameters_on_meta():
+    """Modules built inside (by this thread) get their parameters on the meta device: no memory and no
+    initialisation, since the weights are assigned from a checkpoint next. Buffers (masks, rotary tables) are
+    built as usual."""
+    import torch
+
+    register, owner = torch.nn.Module.register_parameter, threading.get_ident()
+
+    def on_meta(module, name, param):
+        register(module, name, param)
+        if param is not None and threading.get_ident() == owner:
+            module._parameters[name] = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    torch.nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register
+
+
+def hooked_from_tensors(cfg, tokenizer, names, read, dtype):
+    """A ``HookedTransformer`` whose parameters are ``read(name, dtype)`` for each of ``names``, assigned one at a
+    time into a model built without weights: the model is never held twice, so a load needs about the weights'
+    bytes in ``dtype`` plus one tensor. Buffers in ``names`` are skipped (the config builds them); a bias the
+    checkpoint lacks is zero, as TransformerLens fills it; any other missing parameter is refused."""
+    import torch
+    from transformer_lens import HookedTransformer
+
+    cfg.dtype = dtype  # rotary tables are computed in float32 and cast, as a float32 model cast afterwards has them
+    with parameters_on_meta():
+        model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
+    model.to(dtype, print_details=False)  # the other float buffers too (still no weights to cast)
+    params = dict(model.named_parameters())
+    buffers = {name for name, _ in model.named_buffers()}
+    for name in names:
+        if name in buffers:
+            continue
+        if name not in params:
+            raise WorkbenchError(f"the checkpoint holds {name}, which this model has no parameter for")
+        _assign(model, name, read(name, dtype), params[name])
+    for name, param in model.named_parameters():
+        if param.is_meta:
+            if not name.split(".")[-1].startswith("b"):
+                raise WorkbenchError(f"the checkpoint has no {name}: it does not fit this model's config")
+            _assign(model, name, torch.zeros(param.shape, dtype=dtype), param)
+    return model
+
+
+def _assign(model, name: str, tensor, old) -> None:
+    import torch
+
+    if tuple(tensor.shape) != tuple(old.shape):
+        raise WorkbenchError(f"the checkpoint's {name} has shape {list(tensor.shape)}, the model's "
+                             f"{list(old.shape)}: it does not fit this model's config")
+    owner_name, _, attr = name.rpartition(".")
+    owner = model.get_submodule(owner_name) if owner_name else model
+    owner._parameters[attr] = torch.nn.Parameter(tensor.contiguous(), requires_grad=old.requires_grad)
+
+
 # ----------------------------------------------------------------------- HF
 
 
-def _load_hf(spec: ModelSpec, trust_remote_code: bool):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _load_hf(spec: ModelSpec, trust_remote_code: bool, dtype):
+    """An HF model (hub id or local folder) straight into ``dtype``: its safetensors are read tensor by tensor into
+    a model built without weights (``hf_from_checkpoint``), then converted into the hooked model one tensor at a
+    time, so about the weights' bytes in ``dtype`` are held, not two or three copies (``bench_load_memory``)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     where = spec.path or spec.hf_id
     # The local cache first; the hub only when it answers, so an offline machine fails in a second, not
     # after minutes of retries.
     local_only = bool(spec.path) or not hub_reachable()
+    options = dict(trust_remote_code=trust_remote_code, local_files_only=local_only)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            where, trust_remote_code=trust_remote_code, local_files_only=local_only
-        )
-        hf_model = AutoModelForCausalLM.from_pretrained(
-            where, dtype=torch.float32, trust_remote_code=trust_remote_code, local_files_only=local_only
-        )
+        tokenizer = AutoTokenizer.from_pretrained(where, **options)
+        config = AutoConfig.from_pretrained(where, **options)
+        hf_model = hf_from_checkpoint(config, _checkpoint_folder(spec, local_only), dtype, trust_remote_code)
+        if hf_model is None:  # no safetensors, or names this reader does not map: transformers' own loader
+            hf_model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **options)
+    except WorkbenchError:
+        raise
     except Exception as exc:  # hub clients raise many types; the user needs one line either way
         raise WorkbenchError(_missing_weights_message(spec, exc, local_only)) from None
-    model = _convert(spec, hf_model, tokenizer)
     revision = getattr(hf_model.config, "_commit_hash", None)
-    return model, {"weights_sha256": revision or "unknown", "cached": False}
+    holder = [hf_model]
+    del hf_model
+    return _convert(spec, holder, tokenizer, dtype), {"weights_sha256": revision or "unknown", "cached": False}
+
+
+def _checkpoint_folder(spec: ModelSpec, local_only: bool) -> Path | None:
+    """The folder holding a model's safetensors: its path, or its snapshot in the Hugging Face cache (fetched
+    when the hub answers); None when there is none."""
+    if spec.path:
+        return Path(spec.path) if Path(spec.path).is_dir() else None
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(spec.hf_id, local_files_only=local_only,
+                                      allow_patterns=["*.safetensors", "*.json"]))
+    except Exception as exc:  # not cached / not on the hub: transformers' loader gives the user's error
+        log.info("no safetensors snapshot of %s (%s): transformers loads it", spec.hf_id, exc)
+        return None
+
+
+def hf_from_checkpoint(config, folder: Path | None, dtype, trust_remote_code: bool = False):
+    """The HF model of ``config`` with its weights read from the safetensors in ``folder`` (``checkpoint.Checkpoint``:
+    no memory map, each tensor read straight into ``dtype``); None when the folder has no safetensors or its
+    names are not the model's parameter names (transformers then loads it its own way)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from workbench.models.checkpoint import Checkpoint
+
+    checkpoint = Checkpoint.from_folder(folder) if folder is not None else None
+    if checkpoint is None:
+        return None
+    with torch.device("meta"):
+        hf_model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+    params = dict(hf_model.named_parameters())  # a tied weight appears once, under its first name
+    tied = {name for name, p in hf_model.named_parameters(remove_duplicate=False) if name not in params}
+    if any(name not in checkpoint.where for name in params) or any(
+            checkpoint.shape(name) != tuple(p.shape) for name, p in params.items()):
+        log.info("the checkpoint in %s does not name this model's parameters: transformers loads it", folder)
+        return None
+    for name in params:
+        owner_name, _, attr = name.rpartition(".")
+        owner = hf_model.get_submodule(owner_name) if owner_name else hf_model
+        owner._parameters[attr] = torch.nn.Parameter(checkpoint.read(name, dtype), requires_grad=False)
+    if tied:
+        hf_model.tie_weights()
+    hf_model.eval()
+    return hf_model
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
@@ -345,15 +460,18 @@ def _missing_weights_message(spec: ModelSpec, exc: Exception, offline: bool) -> 
     )
 
 
-def _convert(spec: ModelSpec, hf_model, tokenizer):
-    """HF model → HookedTransformer, through TransformerLens's own weight converters."""
+def _convert(spec: ModelSpec, holder: list, tokenizer, dtype):
+    """HF model → HookedTransformer in ``dtype``, through TransformerLens's own weight converters.
+
+    ``holder`` holds the only reference to the HF model; it is dropped once converted, so each HF tensor is freed
+    as soon as the hooked model's copy of it is in place, and the model is never held twice."""
     import torch
-    from transformer_lens import HookedTransformer
     from transformer_lens.loading_from_pretrained import (
         get_pretrained_model_config,
         get_pretrained_state_dict,
     )
 
+    hf_model = holder.pop()
     # Without an official name, TransformerLens derives a config from config.json in a folder; the folder's
     # name must not trip its name-based branches (e.g. "llama" in a path), so it gets a neutral one.
     config_name = spec.tl_name or str(_neutral_config_folder(hf_model))
@@ -367,9 +485,9 @@ def _convert(spec: ModelSpec, hf_model, tokenizer):
         raise WorkbenchError(
             f"TransformerLens cannot convert {spec.name!r} (architecture {arch}): {str(exc).splitlines()[0][:160]}"
         ) from None
-    tokenizer = _portable_tokenizer(tokenizer)
-    model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
-    model.load_and_process_state_dict(state, **_NO_PROCESSING)
+    del hf_model  # from here on only ``state`` holds the HF tensors (mostly as views), and it is emptied as we go
+    model = hooked_from_tensors(cfg, _portable_tokenizer(tokenizer), list(state),
+                                lambda name, to: state.pop(name).detach().to(to), dtype)
     model.cfg.model_name = spec.name
     return model
 
