@@ -7,8 +7,9 @@ Each load runs in a fresh process: the bare imports first, then the peak residen
 - a synthetic model with Llama-3-8B's layer shapes (d_model 4096, MLP 14336, 32 heads, 8 KV heads, vocabulary
   128,256, untied) at reduced depth: random bfloat16 weights written to a temporary HF safetensors folder and
   loaded through the same HF path a real ``llama-8b`` takes (``--model-path``), and beside it through
-  TransformerLens's own loader (``HookedTransformer.from_pretrained_no_processing`` with the HF model given),
-  the named baseline, in the same run.
+  TransformerLens's own loading steps (those of ``HookedTransformer.from_pretrained``: the HF model, TL's
+  converter, a ``HookedTransformer``, ``load_and_process_state_dict``; all in the target dtype, no
+  reparametrisation), the named baseline, in the same run; the workbench's loader took those steps before.
 
 The tokenizer's own peak is measured apart (Gemma 3's 262k-entry tokenizer alone takes ~0.5 GB), so the
 weights' share is reported beside the total. From the load's structure (the weights once, plus at most one
@@ -50,12 +51,19 @@ else:
         from workbench.models import load_model
         name, path = (None, target) if "/" in target else (target, None)
         model = load_model(name, model_path=path, device="cpu", dtype=dtype)
-    else:  # TransformerLens's own loader, given the HF model
+    else:  # TransformerLens's own loading steps (HookedTransformer.from_pretrained's), all in the target dtype
         from transformer_lens import HookedTransformer
-        hf = transformers.AutoModelForCausalLM.from_pretrained(target, dtype=getattr(torch, dtype))
-        model = HookedTransformer.from_pretrained_no_processing(
-            "meta-llama/Meta-Llama-3-8B", hf_model=hf, tokenizer=transformers.AutoTokenizer.from_pretrained(target),
-            dtype=getattr(torch, dtype), device="cpu", n_layers=hf.config.num_hidden_layers)
+        from transformer_lens.loading_from_pretrained import get_pretrained_model_config, get_pretrained_state_dict
+        from workbench.models.loading import _neutral_config_folder
+        torch_dtype = getattr(torch, dtype)
+        hf = transformers.AutoModelForCausalLM.from_pretrained(target, dtype=torch_dtype)
+        cfg = get_pretrained_model_config(str(_neutral_config_folder(hf)), dtype=torch_dtype, fold_ln=False,
+                                          device="cpu")
+        state = get_pretrained_state_dict(str(_neutral_config_folder(hf)), cfg, hf_model=hf)
+        model = HookedTransformer(cfg, tokenizer=transformers.AutoTokenizer.from_pretrained(target),
+                                  move_to_device=False)
+        model.load_and_process_state_dict(state, fold_ln=False, center_writing_weights=False, center_unembed=False,
+                                          fold_value_biases=False, refactor_factored_attn_matrices=False)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
 print(json.dumps({"seconds": time.perf_counter() - t, "peak_bytes": status("VmHWM") - base, "weights_bytes": weights}))
 '''
