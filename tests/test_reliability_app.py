@@ -83,14 +83,14 @@ def test_allow_folders_come_from_the_scripts_own_arguments(tmp_path):
 
 
 def test_app_roots_are_the_cache_studies_and_the_operators_folders(tmp_path, monkeypatch):
-    from wbapp.access import REPO, app_roots
+    from wbapp.access import EXAMPLES, REPO, app_roots
 
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("WORKBENCH_APP_RUNS", f"{tmp_path / 'runs'}{os.pathsep}")
     monkeypatch.delenv("WORKBENCH_APP_RUN", raising=False)
     monkeypatch.delenv("WORKBENCH_APP_SAES", raising=False)
     monkeypatch.setattr(sys, "argv", [MAIN, "--allow", str(tmp_path / "given")])
-    assert app_roots() == [tmp_path / "cache", REPO / "studies", tmp_path / "given", tmp_path / "runs"]
+    assert app_roots() == [tmp_path / "cache", REPO / "studies", EXAMPLES, tmp_path / "given", tmp_path / "runs"]
 
 
 # ----------------------------------------------------------------------------- the app

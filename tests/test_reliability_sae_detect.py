@@ -219,17 +219,20 @@ def test_default_store_path_is_keyed_by_what_changes_the_activations(tiny, text,
 
 
 def test_default_store_path_changes_with_the_package_corpus(tiny, monkeypatch):
-    """The package corpus is rebuilt when packages change; a store collected from the old one must not be
-    found under the new settings (CI once met such a store in its persistent cache and refused)."""
+    """A store collected from another corpus must not be found under the same settings (CI once met such a store
+    in its persistent cache and refused); a package the corpus does not read changes nothing."""
     import importlib.metadata
 
     from workbench.commands.sae import default_store_path
+    from workbench.data import corpus
 
     before = default_store_path(tiny, [SITE], 4096, 64)
     assert default_store_path(tiny, [SITE], 4096, 64) == before
     real = importlib.metadata.distributions
     extra = type("Dist", (), {"metadata": {"Name": "a-new-package"}, "version": "1.0"})()
     monkeypatch.setattr(importlib.metadata, "distributions", lambda: [*real(), extra])
+    assert default_store_path(tiny, [SITE], 4096, 64) == before  # an unrelated install
+    monkeypatch.setattr(corpus, "CORPUS_DISTRIBUTIONS", corpus.CORPUS_DISTRIBUTIONS[:-1])  # another corpus
     assert default_store_path(tiny, [SITE], 4096, 64) != before
 
 
