@@ -113,9 +113,7 @@ def corpus(
     from workbench.data import corpus as text
 
     if source is None:
-        manifest = text.corpus_manifest() if not rebuild else json.loads(
-            (text.build_corpus(force=True) / "manifest.json").read_text())
-        result = {"fingerprint": text.text_fingerprint(), **manifest}
+        result = text.corpus_manifest(force=rebuild)  # its fingerprint, what it read, documents per split
     else:
         docs = list(text.local_documents(source))
         splits = {s: [t for k, t in docs if text.split_of(k) == s] for s in ("train", "heldout")}

@@ -206,10 +206,11 @@ def _filters() -> dict:
             "skip_name": _SKIP_NAME.pattern, "skip_dir": sorted(_SKIP_DIR), "stopwords": sorted(_STOPWORDS)}
 
 
-def _fingerprint(roots: list[Path] | None) -> str:
-    """The corpus distributions and their versions, or the package folders' file names, sizes and mtimes."""
+def _fingerprint(roots: list[Path] | None, distributions: dict[str, str] | None = None) -> str:
+    """The corpus distributions and their versions (``distributions``, default the installed ones), or the package
+    folders' file names, sizes and mtimes."""
     if roots is None:
-        read = {"distributions": installed_distributions()}
+        read = {"distributions": installed_distributions() if distributions is None else distributions}
     else:
         read = {"roots": [[str(r), [(k, p.stat().st_size, p.stat().st_mtime_ns) for k, p in _walk(r)]] for r in roots]}
     blob = json.dumps({**_filters(), **read}, sort_keys=True)
@@ -280,12 +281,13 @@ def text_fingerprint(source: str | Path | None = None) -> str:
 def corpus_record() -> dict:
     """What a result that read the package corpus records about it, without building it: the fingerprint
     (its cache key) and the distributions read, with their versions."""
-    return {"fingerprint": _fingerprint(None), "version": CORPUS_VERSION, "distributions": installed_distributions()}
+    distributions = installed_distributions()
+    return {"fingerprint": _fingerprint(None, distributions), "version": CORPUS_VERSION, "distributions": distributions}
 
 
-def corpus_manifest() -> dict:
-    """The manifest of the package corpus of this environment (built if needed), for result records."""
-    return json.loads((build_corpus() / "manifest.json").read_text())
+def corpus_manifest(force: bool = False) -> dict:
+    """The manifest of the package corpus of this environment (built if needed, or again with ``force``)."""
+    return json.loads((build_corpus(force=force) / "manifest.json").read_text())
 
 
 # ----------------------------------------------------------------------------- reading

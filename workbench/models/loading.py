@@ -344,14 +344,19 @@ def hooked_from_tensors(cfg, tokenizer, names, read, dtype):
 
 
 def _assign(model, name: str, tensor, old) -> None:
-    import torch
-
     if tuple(tensor.shape) != tuple(old.shape):
         raise WorkbenchError(f"the checkpoint's {name} has shape {list(tensor.shape)}, the model's "
                              f"{list(old.shape)}: it does not fit this model's config")
+    _set_parameter(model, name, tensor.contiguous(), old.requires_grad)
+
+
+def _set_parameter(model, name: str, tensor, requires_grad: bool) -> None:
+    """Replace parameter ``name`` (dotted) of ``model`` by ``tensor``, without copying it."""
+    import torch
+
     owner_name, _, attr = name.rpartition(".")
     owner = model.get_submodule(owner_name) if owner_name else model
-    owner._parameters[attr] = torch.nn.Parameter(tensor.contiguous(), requires_grad=old.requires_grad)
+    owner._parameters[attr] = torch.nn.Parameter(tensor, requires_grad=requires_grad)
 
 
 # ----------------------------------------------------------------------- HF
@@ -420,9 +425,7 @@ def hf_from_checkpoint(config, folder: Path | None, dtype, trust_remote_code: bo
         log.info("the checkpoint in %s does not name this model's parameters: transformers loads it", folder)
         return None
     for name in params:
-        owner_name, _, attr = name.rpartition(".")
-        owner = hf_model.get_submodule(owner_name) if owner_name else hf_model
-        owner._parameters[attr] = torch.nn.Parameter(checkpoint.read(name, dtype), requires_grad=False)
+        _set_parameter(hf_model, name, checkpoint.read(name, dtype), requires_grad=False)
     if tied:
         hf_model.tie_weights()
     hf_model.eval()
