@@ -35,3 +35,18 @@ def test_run_functions_end_to_end(tiny, text, tmp_path, monkeypatch):
         run_intervene("t", "the river", "feature", 10_000, 4.0, model=tiny)
     with pytest.raises(WorkbenchError):
         run_interference("no-such-sae", tiny)
+
+
+def test_train_collects_into_and_streams_from_a_url_store(tiny, text, tmp_path, monkeypatch):
+    from workbench.commands.sae import run_train
+    from workbench.store import ActivationStore
+
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))
+    url = "memory://acts/sae-test"
+    kwargs = dict(n_tokens=32 * 64, block_len=64, d_sae=64, k=4, batch_size=128, train_tokens=1024, lr=2e-3,
+                  eval_tokens=128, source=str(text), progress=False)
+    res = run_train(tiny, "blocks.1.hook_resid_post", name="u", activations=url, **kwargs)
+    store = ActivationStore(url)
+    assert res["tokens_collected"] == 32 * 63 == store.n_items("blocks.1.hook_resid_post")
+    assert store.n_items("blocks.1.hook_resid_post") == len(store.get("blocks.1.hook_resid_post"))
+    assert res["tokens_trained"] == 1024 and store.complete

@@ -292,6 +292,10 @@ def capture(
     progress: bool = True,
     span_field: str = "span",
     parse_special: bool = False,
+    engine: str = "local",
+    workers: int | None = None,
+    address: str | None = None,
+    retries: int = 2,
 ) -> ActivationStore:
     """Capture ``sites`` for every prompt into the store at ``out``; resumes an interrupted capture.
 
@@ -300,6 +304,10 @@ def capture(
     (every token, with token ids, offsets and row index stored beside them). ``max_tokens`` (default: the
     model's context) left-truncates longer prompts, logged and listed in the manifest. Prompt text is
     tokenized as text (control tokens only from chat-template markup) unless ``parse_special``.
+
+    ``engine="ray"`` fills the store from ``workers`` model replicas on a Ray cluster (``address``; default: a
+    local one): each replica captures whole shards and writes them, this process lists them in order. A worker
+    that dies is restarted and its shard redone up to ``retries`` times; the store equals a local capture's.
     """
     import torch
 
@@ -330,7 +338,12 @@ def capture(
     if info.get("splices"):  # SAEs spliced in (workbench.sae.splice) change what sites hold: part of the identity
         header["splices"] = info["splices"]
     # One writer per store: a second capture on the same --out is refused at once, naming the holder.
+    spec = replica_spec(model, engine, workers, retries, out, address)  # a refused engine writes nothing
     with ActivationStore.writing(out, header, overwrite=overwrite) as store:
+        if engine == "ray":
+            settings = {"sites": sites, "positions": positions, "batch_size": batch_size, "max_tokens": max_tokens,
+                        "store_dtype": store_dtype, "span_field": span_field, "parse_special": parse_special}
+            return _fill_ray(spec, store, records, settings, shard_rows, progress, workers, address, retries)
         return _fill(model, store, records, sites, positions, batch_size, max_tokens, store_dtype, shard_rows,
                      progress, span_field, parse_special)
 
@@ -338,82 +351,233 @@ def capture(
 def _fill(model, store, records, sites, positions, batch_size, max_tokens, store_dtype, shard_rows, progress,
           span_field, parse_special=False) -> ActivationStore:
     """Append the rows ``store`` does not hold yet (the caller holds its lock)."""
-    import torch
-
     from workbench.progress import progress_bar
 
-    header = store.manifest
     start = store.n_rows
-    if start >= len(records):
-        store.mark_complete()
-        return store
-
-    device = model.cfg.device
-    bar = progress_bar(total=len(records), initial=start, desc=f"capture {header['model']}", unit="prompt",
-               disable=not progress)
-    buffer: dict[str, list] = {}
-    buffer_rows: list[dict] = []
-    buffer_truncated: list[int] = []
+    bar = progress_bar(total=len(records), initial=start, desc=f"capture {store.manifest['model']}", unit="prompt",
+                       disable=not progress or start >= len(records))
     n_truncated = 0
-
-    def flush():
-        if not buffer_rows:
-            return
-        tensors = {k: torch.cat(v) for k, v in buffer.items()}
-        if positions == "all":  # row indices were shard-relative while buffering
-            tensors["row_index"] = tensors["row_index"] + store.n_rows
-        if store.manifest["d"][sites[0]] is None:
-            store.manifest["d"] = {s: list(tensors[s].shape[1:]) for s in sites}
-        store.append_shard(tensors, list(buffer_rows), buffer_truncated)
-        buffer.clear()
-        buffer_rows.clear()
-        buffer_truncated.clear()
-
     try:
-        # a shard's prompts run shortest first, so a batch pads to a similar length (the probe's prompts in file
-        # order padded 36% more tokens than they hold; sorted within 1,024 rows, 0.6%), and their rows are written
-        # back in file order, one shard per chunk: the store and its resume do not see the order they ran in
         for begin in range(start, len(records), shard_rows):
-            chunk = records[begin : begin + shard_rows]
-            ids, offsets, truncated = tokenize(model, [r["text"] for r in chunk], max_tokens, parse_special,
-                                               warn=False)
+            tensors, rows, truncated = chunk_shard(model, records[begin : begin + shard_rows], begin, sites,
+                                                   positions, batch_size, max_tokens, store_dtype, span_field,
+                                                   parse_special, bar)
             n_truncated += len(truncated)
-            order = sorted(range(len(chunk)), key=lambda i: len(ids[i]))
-            rows: list = [None] * len(chunk)  # per prompt: {site: activations, and token data for "all"}
-            for at in range(0, len(order), batch_size):
-                picked = order[at : at + batch_size]
-                lengths = [len(ids[i]) for i in picked]
-                tokens = pad_batch(model, [ids[i] for i in picked]).to(device)
-                length_t = torch.tensor(lengths, device=device)
-                real = torch.arange(tokens.shape[1], device=device)[None, :] < length_t[:, None]
-                mask = span_masks([offsets[i] for i in picked], [chunk[i][span_field] for i in picked], lengths,
-                                  device) if positions == "span" else real
-                got = run_sites(model, tokens, sites, positions, length_t, mask)
-                per_row = {site: (got[site].split(lengths) if positions == "all" else got[site].unbind(0))
-                           for site in sites}
-                for j, i in enumerate(picked):
-                    rows[i] = {site: per_row[site][j].to("cpu", store_dtype) for site in sites}
-                    if positions == "all":
-                        rows[i]["token_ids"] = tokens[j, : lengths[j]].cpu()
-                bar.update(len(picked))
-            for i, row in enumerate(rows):  # file order
-                for site in sites:
-                    buffer.setdefault(site, []).append(row[site] if positions == "all" else row[site][None])
-                if positions == "all":
-                    n = len(row["token_ids"])
-                    buffer.setdefault("row_index", []).append(torch.full((n,), len(buffer_rows), dtype=torch.long))
-                    buffer.setdefault("token_ids", []).append(row["token_ids"])
-                    buffer.setdefault("offsets", []).append(torch.tensor(offsets[i], dtype=torch.long).reshape(-1, 2))
-                buffer_rows.append(chunk[i])
-            buffer_truncated.extend(len(buffer_rows) - len(chunk) + t for t in truncated)
-            flush()
+            entry = store.write_shard(len(store.manifest["shards"]), tensors, rows)
+            commit_chunk(store, {**entry, "d": widths(tensors, sites)}, truncated)
     finally:
         bar.close()
-        if n_truncated:
-            log.warning("%d prompt(s) longer than %d tokens were left-truncated (listed in the manifest)",
-                        n_truncated, max_tokens)
+        warn_truncated(n_truncated, max_tokens)
     store.mark_complete()
     return store
+
+
+ENGINES = ("local", "ray")
+FAULT = "WORKBENCH_CAPTURE_FAULT"  # tests: "<shard index>:<marker file>" kills a Ray worker once, before that shard
+
+
+def replica_spec(model, engine: str, workers: int | None, retries: int, out, address: str | None = None) -> dict | None:
+    """How a Ray worker rebuilds ``model`` (None for the local engine); refuses what a worker could not rebuild."""
+    if engine not in ENGINES:
+        raise WorkbenchError(f"unknown engine {engine!r}: use local or ray")
+    if workers is not None and not (isinstance(workers, int) and workers >= 1):
+        raise WorkbenchError(f"workers must be a whole number of at least 1, got {workers!r}")
+    if not (isinstance(retries, int) and retries >= 0):
+        raise WorkbenchError(f"retries must be a whole number of at least 0, got {retries!r}")
+    if engine == "local":
+        return None
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise WorkbenchError("the ray engine needs Ray: pip install 'workbench[ray]'")
+    from workbench.cluster import check_address
+
+    check_address(address)
+    if str(out).startswith("memory://"):
+        raise WorkbenchError("a memory:// store lives in one process, so Ray workers cannot write it: give a folder "
+                             "or a shared URL (s3://, gs://, ...)")
+    info = getattr(model, "workbench", None) or {}
+    if not info.get("name") or not info.get("weights_sha256"):
+        raise WorkbenchError("the ray engine rebuilds the model in every worker by name: load it with "
+                             "workbench.models.load_model (or use --engine local)")
+    if info.get("splices"):
+        raise WorkbenchError("the ray engine cannot rebuild a model with SAEs spliced in: use --engine local")
+    return {"name": info["name"], "model_path": info["path"] if info.get("source") in ("local", "gguf") else None,
+            "device": str(model.cfg.device), "dtype": info.get("dtype", "float32"), "seed": info.get("seed", 0),
+            "weights_sha256": info["weights_sha256"]}
+
+
+class CaptureWorker:
+    """One model replica in a Ray worker process: captures whole shards and writes them to the store."""
+
+    def __init__(self, spec: dict, identity: dict, threads: int | None):
+        import torch
+
+        from workbench.models import load_model
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.model = load_model(spec["name"], model_path=spec["model_path"], device=spec["device"],
+                                dtype=spec["dtype"], seed=spec["seed"])
+        mine = store_model_identity(self.model, identity["sites"])
+        differ = [k for k in mine if mine[k] != identity.get(k)]
+        if differ:
+            raise WorkbenchError(f"a Ray worker's replica of {spec['name']} differs from the driver's ({differ[0]}: worker "
+                                 f"{mine[differ[0]]!r} vs {identity.get(differ[0])!r}): give workers the same "
+                                 "weights and settings")
+
+    def shard(self, out: str, index: int, begin: int, chunk: list[dict], settings: dict) -> dict:
+        store = ActivationStore(out)
+        tensors, rows, truncated = chunk_shard(self.model, chunk, begin, **settings)
+        _fault_point(index)
+        entry = store.write_shard(index, tensors, rows)
+        return {**entry, "d": widths(tensors, settings["sites"]), "truncated": truncated}
+
+
+def _fault_point(index: int) -> None:
+    """With ``WORKBENCH_CAPTURE_FAULT=<index>:<marker>`` set, the first worker to reach that shard dies (SIGKILL)."""
+    import os
+    import signal
+
+    at, _, marker = os.environ.get(FAULT, "").partition(":")
+    if at and int(at) == index:
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _fill_ray(spec, store, records, settings, shard_rows, progress, workers, address, retries) -> ActivationStore:
+    """``_fill`` with the shards captured by Ray actors; this process commits them to the manifest in order."""
+    import os
+    from collections import deque
+
+    from workbench.cluster import ray_session
+    from workbench.progress import progress_bar
+
+    first_index, start = len(store.manifest["shards"]), store.n_rows
+    chunks = deque((first_index + k, begin) for k, begin in enumerate(range(start, len(records), shard_rows)))
+    if chunks:
+        identity = {k: store.manifest.get(k) for k in ("model", "weights_sha256", "model_dtype", "attention",
+                                                       "sites")}
+        with ray_session(address) as ray:
+            gpu = spec["device"].startswith("cuda")
+            n = min(workers or int(ray.cluster_resources().get("GPU" if gpu else "CPU", 1)), len(chunks))
+            have = ray.cluster_resources().get("GPU" if gpu else "CPU", 0)
+            if n > have:
+                raise WorkbenchError(f"the Ray cluster has {have:g} {'GPU' if gpu else 'CPU'}(s) for {n} workers: "
+                                     f"ask for --workers {int(have)} or fewer")
+            threads = None if address else max(1, (os.cpu_count() or 1) // n)  # local: the cores shared out
+            actor = ray.remote(CaptureWorker).options(num_cpus=0 if gpu else 1, num_gpus=1 if gpu else 0,
+                                                      max_restarts=retries, max_task_retries=retries)
+            replicas = [actor.remote(spec, identity, threads) for _ in range(n)]
+            bar = progress_bar(total=len(records), initial=start, desc=f"capture {spec['name']} on {n} Ray workers",
+                               unit="prompt", disable=not progress)
+            pending, finished, n_truncated = {}, {}, 0
+
+            def submit(replica: int) -> None:
+                if chunks:
+                    index, begin = chunks.popleft()
+                    ref = replicas[replica].shard.remote(str(store.path), index, begin,
+                                                         records[begin : begin + shard_rows], settings)
+                    pending[ref] = (replica, index)
+
+            try:
+                for replica in range(n):  # two shards queued per replica: it never waits for the driver
+                    submit(replica)
+                    submit(replica)
+                while pending:
+                    (ref,), _ = ray.wait(list(pending), num_returns=1)
+                    replica, index = pending.pop(ref)
+                    finished[index] = _worker_result(ray, ref, index)
+                    bar.update(finished[index]["n_rows"])
+                    while len(store.manifest["shards"]) in finished:
+                        entry = finished.pop(len(store.manifest["shards"]))
+                        n_truncated += len(entry["truncated"])
+                        commit_chunk(store, entry, entry.pop("truncated"))
+                    submit(replica)
+            finally:
+                bar.close()
+                warn_truncated(n_truncated, settings["max_tokens"])
+    store.drop_unlisted()  # the half-written temporaries of a worker that died
+    store.mark_complete()
+    return store
+
+
+def _worker_result(ray, ref, index: int) -> dict:
+    """A shard's manifest entry from its worker, or one line: the worker's own error, or how it died."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, WorkbenchError):
+            raise WorkbenchError(str(cause)) from None
+        raise WorkbenchError(f"shard {index} failed in its Ray worker: {cause!r}") from None
+    except ray.exceptions.RayActorError as exc:
+        raise WorkbenchError(f"the Ray worker capturing shard {index} died and its retries ran out "
+                             f"({type(exc).__name__}): the shards listed are kept; run again to resume") from None
+
+
+def widths(tensors: dict, sites) -> dict:
+    """Each site's per-row shape, as the manifest's ``d`` records it."""
+    return {s: list(tensors[s].shape[1:]) for s in sites}
+
+
+def commit_chunk(store: ActivationStore, entry: dict, truncated: list[int]) -> None:
+    """List one written shard (with the sites' widths, recorded at the first one)."""
+    if store.manifest["d"] and next(iter(store.manifest["d"].values())) is None:
+        store.manifest["d"] = entry["d"]
+    store.commit_shard(entry, truncated)
+
+
+def warn_truncated(n_truncated: int, max_tokens: int) -> None:
+    if n_truncated:
+        log.warning("%d prompt(s) longer than %d tokens were left-truncated (listed in the manifest)",
+                    n_truncated, max_tokens)
+
+
+def chunk_shard(model, chunk, begin, sites, positions, batch_size, max_tokens, store_dtype, span_field,
+                parse_special=False, bar=None) -> tuple[dict, list[dict], list[int]]:
+    """One shard's tensors for the prompts ``chunk`` (rows ``begin`` onwards), its rows, and which were truncated.
+
+    The chunk's prompts run shortest first, so a batch pads to a similar length (the probe's prompts in file
+    order padded 36% more tokens than they hold; sorted within 1,024 rows, 0.6%), and their rows are written
+    back in file order: the store, its resume and its workers do not see the order they ran in.
+    """
+    import torch
+
+    device = model.cfg.device
+    ids, offsets, truncated = tokenize(model, [r["text"] for r in chunk], max_tokens, parse_special, warn=False)
+    order = sorted(range(len(chunk)), key=lambda i: len(ids[i]))
+    rows: list = [None] * len(chunk)  # per prompt: {site: activations, and token data for "all"}
+    for at in range(0, len(order), batch_size):
+        picked = order[at : at + batch_size]
+        lengths = [len(ids[i]) for i in picked]
+        tokens = pad_batch(model, [ids[i] for i in picked]).to(device)
+        length_t = torch.tensor(lengths, device=device)
+        real = torch.arange(tokens.shape[1], device=device)[None, :] < length_t[:, None]
+        mask = span_masks([offsets[i] for i in picked], [chunk[i][span_field] for i in picked], lengths,
+                          device) if positions == "span" else real
+        got = run_sites(model, tokens, sites, positions, length_t, mask)
+        per_row = {site: (got[site].split(lengths) if positions == "all" else got[site].unbind(0))
+                   for site in sites}
+        for j, i in enumerate(picked):
+            rows[i] = {site: per_row[site][j].to("cpu", store_dtype) for site in sites}
+            if positions == "all":
+                rows[i]["token_ids"] = tokens[j, : lengths[j]].cpu()
+        if bar is not None:
+            bar.update(len(picked))
+    parts: dict[str, list] = {}
+    for i, row in enumerate(rows):  # file order
+        for site in sites:
+            parts.setdefault(site, []).append(row[site] if positions == "all" else row[site][None])
+        if positions == "all":
+            n = len(row["token_ids"])
+            parts.setdefault("row_index", []).append(torch.full((n,), begin + i, dtype=torch.long))
+            parts.setdefault("token_ids", []).append(row["token_ids"])
+            parts.setdefault("offsets", []).append(torch.tensor(offsets[i], dtype=torch.long).reshape(-1, 2))
+    return {k: torch.cat(v) for k, v in parts.items()}, list(chunk), list(truncated)
 
 
 def run_sites(model, tokens, sites, positions, lengths, mask):

@@ -28,6 +28,10 @@ DeviceOpt = Annotated[str, typer.Option(help="auto (CUDA when present), cpu, cud
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="model dtype: float32, bfloat16, float16, or auto (bfloat16 "
                                                         "where the device computes it natively, else float32)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the result as JSON (stdout) instead of a table")]
+EngineOpt = Annotated[str, typer.Option(help="capture in this process (local) or on Ray workers, one model replica "
+                                             "each (ray)")]
+WorkersOpt = Annotated[int | None, typer.Option(help="Ray capture workers (default: one per CPU, or per GPU)")]
+AddressOpt = Annotated[str | None, typer.Option(help="join the Ray cluster at host:port (default: start a local one)")]
 ParseSpecialOpt = Annotated[bool, typer.Option(
     "--parse-special", help="treat control-token strings in the text (<|im_start|>...) as control tokens; by "
                             "default text is text and only the chat template's markup is")]
@@ -149,7 +153,8 @@ def sites(
 @app.command()
 def capture(
     prompts: Annotated[Path, typer.Option(help="JSONL file: one object per line with 'text' (+ any metadata)")],
-    out: Annotated[Path, typer.Option(help="store folder (resumes if it holds this same capture)")],
+    out: Annotated[str, typer.Option(help="store folder or fsspec URL such as s3://bucket/store (resumes if it "
+                                           "holds this same capture)")],
     model: ModelOpt = "smollm2-135m",
     model_path: ModelPathOpt = None,
     sites: Annotated[str | None, typer.Option(help="comma-separated hook names")] = None,
@@ -163,6 +168,9 @@ def capture(
     chat: Annotated[bool, typer.Option("--chat/--raw", help="wrap texts in the model's chat template")] = False,
     parse_special: ParseSpecialOpt = False,
     overwrite: bool = False,
+    engine: EngineOpt = "local",
+    workers: WorkersOpt = None,
+    address: AddressOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "float32",
     as_json: JsonOpt = False,
@@ -178,7 +186,8 @@ def capture(
     if chat:
         records = [chat_record(hooked, r) for r in records]
     store = run_capture(hooked, records, names, out, positions=positions, batch_size=batch_size,
-                        max_tokens=max_tokens, dtype=store_dtype, overwrite=overwrite, parse_special=parse_special)
+                        max_tokens=max_tokens, dtype=store_dtype, overwrite=overwrite, parse_special=parse_special,
+                        engine=engine, workers=workers, address=address)
     summary = _store_summary(store)
     if as_json:
         return _echo_json(summary)
@@ -221,6 +230,9 @@ def probe(
     # auto: bfloat16 where native. What it moves in the results is less than another subsample seed moves them
     # (bench/bench_probe.py: topology AUC 0.19 vs 0.33 on average over 30 layers), at 1.9x the speed
     dtype: DtypeOpt = "auto",
+    engine: EngineOpt = "local",
+    workers: WorkersOpt = None,
+    address: AddressOpt = None,
     as_json: JsonOpt = False,
 ):
     """Clean vs adversarial activations, layer by layer: persistent homology, statistics, probes, report."""
@@ -255,7 +267,7 @@ def probe(
     if out is None:  # one folder per configuration, so a default run never meets another's results
         key = config.key(model_identity(hooked, resid_sites(hooked, chosen)))
         out = cache_dir("runs") / f"probe-{model_folder_name(hooked.workbench['name'])}{'-quick' if quick else ''}-{key}"
-    report = run_probe(hooked, config, out, overwrite=overwrite)
+    report = run_probe(hooked, config, out, overwrite=overwrite, engine=engine, workers=workers, address=address)
     if as_json:
         return _echo_json({"report": str(Path(out) / "report.json"), "html": str(Path(out) / "report.html"),
                            "summary": summary_table(report)})
@@ -469,6 +481,9 @@ def sae_train(
     source: Annotated[str | None, typer.Option(
         help="a .txt/.md/.jsonl file, a folder of them, or hf:NAME (a Hugging Face dataset) instead of the corpus")] = None,
     budget: Annotated[float | None, typer.Option(help="stop collecting after this many seconds")] = None,
+    activations: Annotated[str | None, typer.Option(
+        help="the activation store to collect into and stream from: a folder or a URL such as s3://bucket/acts "
+             "(default: a cache folder keyed by these settings)")] = None,
     name: Annotated[str | None, typer.Option(help="SAE name (default: MODEL-SITE-ARCHITECTURE)")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="replace an SAE of this name trained otherwise")] = False,
     seed: int = 0,
@@ -482,7 +497,7 @@ def sae_train(
     _echo_json(run_train(model=model, site=site, architecture=architecture, n_tokens=n_tokens, train_tokens=train_tokens,
                          d_sae=d_sae, k=k, l1_coefficient=l1_coefficient, lr=lr, batch_size=batch_size,
                          block_len=block_len, eval_tokens=eval_tokens, source=source, collect_budget_s=budget, name=name,
-                         overwrite=overwrite, seed=seed))
+                         overwrite=overwrite, seed=seed, activations=activations))
 
 
 @sae_app.command("features")
@@ -636,8 +651,8 @@ app.add_typer(study_app, name="study")
 @study_app.command("run")
 def study_run(
     config: Annotated[Path, typer.Argument(help="studies/NAME/config.yaml")],
-    engine: Annotated[str, typer.Option(help="local (in-process) or ray")] = "local",
-    address: Annotated[str | None, typer.Option(help="join an existing Ray cluster (default: start a local one)")] = None,
+    engine: Annotated[str, typer.Option(help="run the jobs in this process (local) or on Ray (ray)")] = "local",
+    address: AddressOpt = None,
     retries: Annotated[int, typer.Option(help="retries of a failed job before it is reported")] = 1,
     out: Annotated[Path | None, typer.Option(help="results folder (default: results/ beside the config)")] = None,
     quick: Annotated[bool, typer.Option(help="apply the config's `quick` overrides (minutes, not hours)")] = False,

@@ -23,21 +23,25 @@ from workbench.probe.config import MIN_POINTS
 RUN_FILES = ("config.json", "report.json", "report.html", "stores", "layers")  # what a probe writes in its folder
 
 
-def run_probe(model, config: ProbeConfig, out: str | Path, progress: bool = True,
-              overwrite: bool = False) -> ProbeReport:
+def run_probe(model, config: ProbeConfig, out: str | Path, progress: bool = True, overwrite: bool = False,
+              engine: str = "local", workers: int | None = None, address: str | None = None) -> ProbeReport:
     """Capture, analyze and report every condition; returns the report (also in ``out/report.json``).
+
+    ``engine``, ``workers``, ``address``: where the captures run (``capture``'s options; the stores, and so the
+    report, are the same either way).
 
     ``out`` holds one run: the same configuration resumes it, another one is refused unless
     ``overwrite`` (which then replaces the probe's own files there and nothing else). Everything is
     checked before the first file is written, so a refused run leaves ``out`` as it was.
     """
-    from workbench.capture import capture, resid_sites
+    from workbench.capture import capture, replica_spec, resid_sites
     from workbench.io import write_jsonl
     from workbench.probe.figures import write_probe_html
     from workbench.report import versions
 
     out = Path(out)
     config.check_protocol()
+    replica_spec(model, engine, workers, 0, out / "stores", address)  # a refused engine writes nothing
     sites = resid_sites(model, config.layers)
     prompts = {condition: condition_prompts(model, condition, config) for condition in config.conditions}
     for condition, records in prompts.items():  # repeats are dropped: the distinct prompts must still suffice
@@ -62,7 +66,8 @@ def run_probe(model, config: ProbeConfig, out: str | Path, progress: bool = True
         clock = [time.perf_counter()]
         write_jsonl(records, out / f"prompts-{condition}.jsonl")
         store = capture(model, records, sites, out / "stores" / condition, positions="last",
-                        batch_size=config.batch_size, progress=progress)
+                        batch_size=config.batch_size, progress=progress, engine=engine, workers=workers,
+                        address=address)
         clock.append(time.perf_counter())
         result = analyze_condition(store, condition, config, out / "layers" / condition, progress)
         clock.append(time.perf_counter())

@@ -79,6 +79,7 @@ def run_train(model="smollm2-135m", site: str = "blocks.12.hook_resid_post", nam
         train_sae,
         update_meta,
     )
+    from workbench.store import store_exists
 
     check_int("n_tokens", n_tokens, low=1)
     check_int("block_len", block_len, low=2)
@@ -97,11 +98,11 @@ def run_train(model="smollm2-135m", site: str = "blocks.12.hook_resid_post", nam
     sites = check_sites(model, [*(collect_sites or []), site])
     cfg = replace(cfg, model_name=model_name)
     cfg.dict_size(site_width(model, site))
-    store_path = Path(activations) if activations else default_store_path(model, sites, n_tokens, block_len, seed,
+    store_path = str(activations) if activations else default_store_path(model, sites, n_tokens, block_len, seed,
                                                                           source)
     name = name or f"{model_folder_name(model_name)}-{site.replace('blocks.', 'L').replace('.hook_', '-')}-{architecture}"
     out = trained_dir(name)
-    existing = ActivationStore(store_path) if (store_path / "manifest.json").exists() else None
+    existing = ActivationStore(store_path) if store_exists(store_path) else None
     if existing is not None and existing.manifest.get("weights_sha256") != info.get("weights_sha256"):
         raise WorkbenchError(f"{store_path} holds activations of {existing.manifest.get('model')} with other "
                              f"weights than this {model_name}: collect into another folder")
@@ -115,7 +116,7 @@ def run_train(model="smollm2-135m", site: str = "blocks.12.hook_resid_post", nam
     else:
         store = collect_activations(model, sites, store_path, n_tokens, block_len=block_len, split="train",
                                     seed=seed, source=source, time_budget_s=collect_budget_s, progress=progress)
-    collected = len(store.get(site)) if store.n_rows else 0
+    collected = store.n_items(site)  # from the shards' headers: the store is streamed, never held
     if collected < batch_size:
         raise WorkbenchError(f"only {collected} activations in {store_path}: collect more (raise the time budget "
                              "or --n-tokens) or lower --batch-size")

@@ -230,23 +230,15 @@ def _cached(path: Path, key: dict) -> dict | None:
 
 
 def _run_ray(job: str, todo: list, work: str, retries: int, address: str | None, finish) -> None:
-    try:
-        import ray
-    except ImportError:
-        raise WorkbenchError("the ray engine needs Ray: pip install 'workbench[ray]'") from None
-    started_here = not ray.is_initialized()
-    if started_here:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
-    try:
+    from workbench.cluster import ray_session
+
+    with ray_session(address) as ray:
         remote = ray.remote(_run_one)
         pending = {remote.remote(job, params, work, retries): jid for jid, params in todo}
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
             for ref in done:
                 finish(pending.pop(ref), ray.get(ref))
-    finally:
-        if started_here:
-            ray.shutdown()
 
 
 def results_table(outcome: dict) -> list[dict]:

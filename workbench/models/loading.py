@@ -113,7 +113,7 @@ def load_model(
         from workbench.models.tiny import tiny_model
 
         model = tiny_model(seed=seed, device=device)  # made in float32 and cast below, as a checkpoint is loaded:
-        info = {"weights_sha256": state_sha256(model), "cached": False}  # one weights hash in every dtype
+        info = {"weights_sha256": state_sha256(model), "cached": False, "seed": seed}  # one hash in every dtype
     elif spec.source == "derived":
         model = load_model(spec.base, device="cpu", dtype="float32", trust_remote_code=trust_remote_code, seed=seed)
         info = _apply_derived(model, spec)

@@ -77,8 +77,8 @@ def collect_activations(model, sites: list[str], out: str | Path, n_tokens: int,
         "corpus": {"split": split, "seed": seed, "source": str(source) if source else None,
                    "n_tokens": int(blocks.numel()), "skip_bos": True},
     }
-    with exclusive(Path(out) / ".lock", f"the activation store {out}"):  # one writer; the next one resumes
-        return _collect(model, sites, blocks, header, out, overwrite, store_dtype, batch_size, shard_blocks,
+    with ActivationStore.writing(out, header, overwrite=overwrite, wait=True) as store:  # the next writer resumes
+        return _collect(model, sites, blocks, store, store_dtype, batch_size, shard_blocks,
                         time_budget_s, progress)
 
 
@@ -95,7 +95,7 @@ def block_activations(model, tokens, sites: list[str]) -> dict:
     return run_sites(model, tokens, sites, "all", lengths, mask)
 
 
-def _collect(model, sites, blocks, header, out, overwrite, store_dtype, batch_size, shard_blocks, time_budget_s,
+def _collect(model, sites, blocks, store, store_dtype, batch_size, shard_blocks, time_budget_s,
              progress) -> ActivationStore:
     import time
 
@@ -103,9 +103,8 @@ def _collect(model, sites, blocks, header, out, overwrite, store_dtype, batch_si
 
     from workbench.progress import progress_bar
 
-    store = ActivationStore.create_or_resume(out, header, overwrite=overwrite)
     L = blocks.shape[1]
-    bar = progress_bar(total=len(blocks), initial=store.n_rows, desc=f"activations {header['model']}", unit="block",
+    bar = progress_bar(total=len(blocks), initial=store.n_rows, desc=f"activations {store.manifest['model']}", unit="block",
                disable=not progress)
     started = time.monotonic()
     try:
