@@ -590,12 +590,12 @@ def run_sites(model, tokens, sites, positions, lengths, mask):
 
     def hook(act, hook):
         flat = act.reshape(act.shape[0], act.shape[1], -1).float()
-        if positions == "last":
-            value = flat[rows, last]
+        if positions == "last":  # indices go to the site's device: a model split over GPUs has several
+            value = flat[rows.to(act.device), last.to(act.device)]
         elif positions == "all":
-            value = flat[mask]
+            value = flat[mask.to(act.device)]
         else:
-            weights = mask.to(flat.dtype)
+            weights = mask.to(act.device, flat.dtype)
             value = (flat * weights[..., None]).sum(1) / weights.sum(1, keepdim=True)
         got[hook.name] = value.reshape(value.shape[0], *act.shape[2:]).detach()
         if len(got) == len(sites):

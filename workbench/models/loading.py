@@ -122,7 +122,7 @@ def load_model(
         model, info = _load_gguf(spec, gguf, torch_dtype)
     else:
         model, info = _load_hf(spec, trust_remote_code, torch_dtype)
-    model = _place(model, device, torch_dtype)
+    model = _place(model, device, torch_dtype, what=f"{spec.name} in {str(torch_dtype).removeprefix('torch.')}")
     model.eval()
     model.workbench = {
         "name": spec.name,
@@ -153,11 +153,32 @@ def _apply_derived(model, spec: ModelSpec) -> dict:
     return {"weights_sha256": file_sha256(path), "base": spec.base, "cached": True}
 
 
-def _place(model, device, torch_dtype):
+def _place(model, device, torch_dtype, what: str = "the model"):
+    """``model`` in ``torch_dtype`` on ``device``; on CUDA split over as many GPUs as it needs (``placement``).
+
+    ``cuda`` may spread the model over every GPU from the first; ``cuda:N`` holds it on GPU N alone. A model
+    that fits nowhere is refused in one line before anything moves.
+    """
+    if model.cfg.dtype != torch_dtype:  # cast before moving: the GPU never holds two copies
+        model = model.to(torch_dtype, print_details=False)
+    if device.startswith("cuda"):
+        from workbench.models.placement import devices_needed, free_gpu_bytes, module_bytes, place
+
+        first = int(device.partition(":")[2] or 0)
+        free = free_gpu_bytes(first)
+        pinned = ":" in device
+        try:
+            n = devices_needed(module_bytes(model), free[:1] if pinned else free, what=what)
+        except WorkbenchError as exc:
+            if pinned and len(free) > 1:
+                raise WorkbenchError(f"{exc}; or --device cuda to spread it over the {len(free)} GPUs from "
+                                     f"{device}") from None
+            raise
+        if n > 1:
+            log.info("%s is split over %d GPUs (cuda:%d-%d)", what, n, first, first + n - 1)
+            return place(model, n, first)
     if str(model.cfg.device) != device:
         model = model.to(device, print_details=False)
-    if model.cfg.dtype != torch_dtype:
-        model = model.to(torch_dtype, print_details=False)
     return model
 
 
