@@ -100,9 +100,15 @@ def test_version_from_the_module_and_the_script():
     assert out.stdout.strip() == f"workbench {__version__}"
 
 
-def test_shell_completion_completes_commands_and_options():
+def test_shell_completion_completes_commands_and_options(monkeypatch):
     import os
     import shutil
+
+    import shellingham
+
+    # --show-completion detects the shell through shellingham, which can fail to read this process's ancestry
+    # (it did once after a Ray cluster had run in the same test process): the script is what is checked here
+    monkeypatch.setattr(shellingham, "detect_shell", lambda *a, **k: ("bash", "/bin/bash"))
 
     script = shutil.which("workbench", path=str(Path(sys.executable).parent)) or "workbench"
     env = {**os.environ, "_WORKBENCH_COMPLETE": "complete_bash", "COMP_WORDS": "workbench det", "COMP_CWORD": "1"}

@@ -402,6 +402,9 @@ def replica_spec(model, engine: str, workers: int | None, retries: int, out, add
                              "workbench.models.load_model (or use --engine local)")
     if info.get("splices"):
         raise WorkbenchError("the ray engine cannot rebuild a model with SAEs spliced in: use --engine local")
+    if info.get("backend"):
+        raise WorkbenchError(f"the ray engine rebuilds hooked models; a {info['backend']} model captures with "
+                             "--engine local")
     return {"name": info["name"], "model_path": info["path"] if info.get("source") in ("local", "gguf") else None,
             "device": str(model.cfg.device), "dtype": info.get("dtype", "float32"), "seed": info.get("seed", 0),
             "weights_sha256": info["weights_sha256"]}
@@ -581,23 +584,20 @@ def chunk_shard(model, chunk, begin, sites, positions, batch_size, max_tokens, s
 
 
 def run_sites(model, tokens, sites, positions, lengths, mask):
-    """One forward pass; returns {site: reduced activations}, stopping once every site has fired."""
+    """One forward pass; returns {site: reduced activations}, stopping once every site has fired.
+
+    A model of another backend (``site_activations``, e.g. nnsight's) returns whole site tensors, reduced here the
+    same way."""
     import torch
 
-    got: dict = {}
     last = lengths - 1
-    rows = torch.arange(tokens.shape[0], device=tokens.device)
+    if hasattr(model, "site_activations"):
+        acts = model.site_activations(tokens, sites)
+        return {site: reduce_positions(acts[site], positions, last, mask) for site in sites}
+    got: dict = {}
 
     def hook(act, hook):
-        flat = act.reshape(act.shape[0], act.shape[1], -1).float()
-        if positions == "last":  # indices go to the site's device: a model split over GPUs has several
-            value = flat[rows.to(act.device), last.to(act.device)]
-        elif positions == "all":
-            value = flat[mask.to(act.device)]
-        else:
-            weights = mask.to(act.device, flat.dtype)
-            value = (flat * weights[..., None]).sum(1) / weights.sum(1, keepdim=True)
-        got[hook.name] = value.reshape(value.shape[0], *act.shape[2:]).detach()
+        got[hook.name] = reduce_positions(act, positions, last, mask)
         if len(got) == len(sites):
             raise StopForward
 
@@ -607,3 +607,21 @@ def run_sites(model, tokens, sites, positions, lengths, mask):
     if missing:
         raise WorkbenchError(f"sites {missing} never fired during the forward pass: are they used by this model?")
     return got
+
+
+def reduce_positions(act, positions: str, last, mask):
+    """A site's [batch, pos, ...] activations reduced over positions: the last real token, every real token, or the
+    mean over the mask (all real tokens, or a span). Indices go to the site's device (a model split over GPUs has
+    several)."""
+    import torch
+
+    flat = act.reshape(act.shape[0], act.shape[1], -1).float()
+    if positions == "last":
+        rows = torch.arange(act.shape[0], device=act.device)
+        value = flat[rows, last.to(act.device)]
+    elif positions == "all":
+        value = flat[mask.to(act.device)]
+    else:
+        weights = mask.to(act.device, flat.dtype)
+        value = (flat * weights[..., None]).sum(1) / weights.sum(1, keepdim=True)
+    return value.reshape(value.shape[0], *act.shape[2:]).detach()

@@ -171,6 +171,11 @@ def capture(
     engine: EngineOpt = "local",
     workers: WorkersOpt = None,
     address: AddressOpt = None,
+    backend: Annotated[str, typer.Option(
+        help="hooked (a TransformerLens model) or nnsight (the HF model through nnsight, at the same site names)")
+    ] = "hooked",
+    remote: Annotated[bool, typer.Option("--remote", help="with --backend nnsight: run on NDIF (needs access)")
+                      ] = False,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "float32",
     as_json: JsonOpt = False,
@@ -181,7 +186,16 @@ def capture(
     from workbench.models import chat_record
 
     records = read_prompt_file(prompts)
-    hooked = _load(model, model_path, device, dtype)
+    if backend not in ("hooked", "nnsight"):
+        raise WorkbenchError(f"unknown backend {backend!r}: use hooked or nnsight")
+    if remote and backend != "nnsight":
+        raise WorkbenchError("--remote runs through nnsight: add --backend nnsight")
+    if backend == "nnsight":
+        from workbench.models.nnsight_backend import load_nnsight
+
+        hooked = load_nnsight(model, model_path=model_path, device=device, dtype=dtype, remote=remote)
+    else:
+        hooked = _load(model, model_path, device, dtype)
     names = _split(sites) + (resid_sites(hooked, _parse_layers(layers)) if layers else [])
     if chat:
         records = [chat_record(hooked, r) for r in records]

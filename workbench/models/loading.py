@@ -89,7 +89,7 @@ def model_identity(model, hook_names=()) -> dict:
     info = getattr(model, "workbench", {}) or {}
     return {"model": info.get("name", model.cfg.model_name), "weights_sha256": info.get("weights_sha256"),
             "model_dtype": info.get("dtype", str(model.cfg.dtype).removeprefix("torch.")),
-            "d_model": int(model.cfg.d_model), "attention": implementation(model, hook_names)}
+            "d_model": int(model.cfg.d_model), "attention": info.get("attention") or implementation(model, hook_names)}
 
 
 def load_model(
@@ -262,15 +262,10 @@ def gguf_cache_folder(spec: ModelSpec, gguf: Path) -> Path:
 def _dequantize(spec: ModelSpec, gguf: Path):
     """The GGUF's model as a float32 ``HookedTransformer`` (transformers dequantizes it, TransformerLens converts)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    try:
-        holder = [AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)]
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    except Exception as exc:  # a truncated or unsupported file fails deep in the reader, with many types
-        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise WorkbenchError(f"could not read {gguf} as a GGUF model ({reason}); is it a complete, supported "
-                             "file?") from None
+    hf_model, tokenizer, _ = hf_parts(spec, False, torch.float32)
+    holder = [hf_model]
+    del hf_model
     return _convert(spec, holder, tokenizer, torch.float32)
 
 
@@ -326,7 +321,7 @@ def parameters_on_meta():
 
     def on_meta(module, name, param):
         register(module, name, param)
-        if param is not None and threading.get_ident() == owner:
+        if param is not None and not param.is_meta and threading.get_ident() == owner:  # a tied one stays itself
             module._parameters[name] = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
 
     torch.nn.Module.register_parameter = on_meta
@@ -387,7 +382,32 @@ def _load_hf(spec: ModelSpec, trust_remote_code: bool, dtype):
     """An HF model (hub id or local folder) straight into ``dtype``: its safetensors are read tensor by tensor into
     a model built without weights (``hf_from_checkpoint``), then converted into the hooked model one tensor at a
     time, so about the weights' bytes in ``dtype`` are held, not two or three copies (``bench_load_memory``)."""
+    hf_model, tokenizer, info = hf_parts(spec, trust_remote_code, dtype)
+    holder = [hf_model]
+    del hf_model
+    return _convert(spec, holder, tokenizer, dtype), info
+
+
+def hf_parts(spec: ModelSpec, trust_remote_code: bool, dtype):
+    """(HF model in ``dtype``, tokenizer, {weights_sha256, cached}) of a registry spec, read the way
+    ``load_model`` reads it (GGUF through transformers' reader; safetensors without a second copy)."""
+    import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    if spec.source in ("embedded", "gguf"):
+        gguf = embedded_gguf(spec) if spec.source == "embedded" else Path(spec.path)
+        _check_gguf(gguf)
+        try:
+            hf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        except Exception as exc:  # a truncated or unsupported file fails deep in the reader, with many types
+            reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+            raise WorkbenchError(f"could not read {gguf} as a GGUF model ({reason}); is it a complete, supported "
+                                 "file?") from None
+        return hf_model.to(dtype).eval(), tokenizer, {"weights_sha256": file_sha256(gguf), "cached": False}
+    if spec.source not in ("hf", "local"):
+        raise WorkbenchError(f"{spec.name} is a {spec.source} model, which has no Hugging Face form: load it with "
+                             "load_model")
 
     where = spec.path or spec.hf_id
     # The local cache first; the hub only when it answers, so an offline machine fails in a second, not
@@ -405,9 +425,7 @@ def _load_hf(spec: ModelSpec, trust_remote_code: bool, dtype):
     except Exception as exc:  # hub clients raise many types; the user needs one line either way
         raise WorkbenchError(_missing_weights_message(spec, exc, local_only)) from None
     revision = getattr(hf_model.config, "_commit_hash", None)
-    holder = [hf_model]
-    del hf_model
-    return _convert(spec, holder, tokenizer, dtype), {"weights_sha256": revision or "unknown", "cached": False}
+    return hf_model, tokenizer, {"weights_sha256": revision or "unknown", "cached": False}
 
 
 def _checkpoint_folder(spec: ModelSpec, local_only: bool) -> Path | None:
@@ -429,7 +447,6 @@ def hf_from_checkpoint(config, folder: Path | None, dtype, trust_remote_code: bo
     """The HF model of ``config`` with its weights read from the safetensors in ``folder`` (``checkpoint.Checkpoint``:
     no memory map, each tensor read straight into ``dtype``); None when the folder has no safetensors or its
     names are not the model's parameter names (transformers then loads it its own way)."""
-    import torch
     from transformers import AutoModelForCausalLM
 
     from workbench.models.checkpoint import Checkpoint
@@ -437,7 +454,7 @@ def hf_from_checkpoint(config, folder: Path | None, dtype, trust_remote_code: bo
     checkpoint = Checkpoint.from_folder(folder) if folder is not None else None
     if checkpoint is None:
         return None
-    with torch.device("meta"):
+    with parameters_on_meta():  # buffers (rotary frequencies) built as usual: the model runs as well as converts
         hf_model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
     params = dict(hf_model.named_parameters())  # a tied weight appears once, under its first name
     tied = {name for name, p in hf_model.named_parameters(remove_duplicate=False) if name not in params}
