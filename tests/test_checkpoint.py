@@ -112,3 +112,25 @@ def test_parameters_on_meta_only_in_the_building_thread():
     thread.join()
     assert built["here"].weight.is_meta and not built["other"].weight.is_meta
     assert not torch.nn.Linear(2, 2).weight.is_meta  # restored afterwards
+
+
+def test_a_checkpoint_bigger_than_the_host_is_refused_before_reading(tmp_path, monkeypatch):
+    """Llama-3-70B's config beside a stub shard: refused from the shapes alone, in one line, nothing read."""
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig
+
+    from workbench.models import loading
+    from workbench.models.tiny import byte_tokenizer
+
+    folder = tmp_path / "llama-70b-shaped"
+    LlamaConfig(hidden_size=8192, intermediate_size=28672, num_attention_heads=64, num_key_value_heads=8,
+                num_hidden_layers=80, vocab_size=128256, tie_word_embeddings=False).save_pretrained(folder)
+    byte_tokenizer().save_pretrained(folder)
+    save_file({"model.embed_tokens.weight": torch.zeros(2, 2)}, str(folder / "model.safetensors"))
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       25000000 kB\nMemFree:         1000000 kB\nMemAvailable:   20000000 kB\n")
+    real = loading.available_host_bytes
+    assert real(meminfo) == 20_000_000 * 1024 and real(tmp_path / "none") is None
+    monkeypatch.setattr(loading, "available_host_bytes", lambda path="/proc/meminfo": real(meminfo))
+    with pytest.raises(WorkbenchError, match=r"needs 141\.\d GB of host memory to load and 20\.5 GB are available"):
+        load_model(model_path=folder, device="cpu", dtype="bfloat16")

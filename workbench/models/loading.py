@@ -458,6 +458,8 @@ def hf_from_checkpoint(config, folder: Path | None, dtype, trust_remote_code: bo
         hf_model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
     params = dict(hf_model.named_parameters())  # a tied weight appears once, under its first name
     tied = {name for name, p in hf_model.named_parameters(remove_duplicate=False) if name not in params}
+    check_host_memory(sum(p.numel() * p.element_size() for p in params.values()),
+                      f"{getattr(config, 'name_or_path', '') or folder.name} in {str(dtype).removeprefix('torch.')}")
     if any(name not in checkpoint.where for name in params) or any(
             checkpoint.shape(name) != tuple(p.shape) for name, p in params.items()):
         log.info("the checkpoint in %s does not name this model's parameters: transformers loads it", folder)
@@ -468,6 +470,26 @@ def hf_from_checkpoint(config, folder: Path | None, dtype, trust_remote_code: bo
         hf_model.tie_weights()
     hf_model.eval()
     return hf_model
+
+
+def available_host_bytes(meminfo: str | Path = "/proc/meminfo") -> int | None:
+    """Memory the kernel says a new process can take without swapping (``MemAvailable``); None where unknown."""
+    try:
+        for line in Path(meminfo).read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_host_memory(need: int, what: str, meminfo: str | Path = "/proc/meminfo") -> None:
+    """Refuse, before a byte is read, a load whose weights alone exceed the host's available memory."""
+    available = available_host_bytes(meminfo)
+    if available is not None and need > available:
+        raise WorkbenchError(f"{what} needs {need / 1e9:.1f} GB of host memory to load and {available / 1e9:.1f} GB "
+                             "are available: use --dtype bfloat16 (or float16), a machine with more memory, or the "
+                             "nnsight backend with --remote")
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
