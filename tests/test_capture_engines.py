@@ -142,3 +142,20 @@ def test_a_probe_captured_on_ray_workers_reports_what_a_local_one_does(tiny, tmp
     assert_refused(["probe", "--model", "tiny", "--quick", "--out", tmp_path / "p", "--engine", "ray",
                     "--address", "127.0.0.1:1"], "nothing answers at the Ray address", watch=[tmp_path])
     assert not (tmp_path / "p").exists()
+
+
+def test_sae_collection_on_ray_workers_equals_a_local_one(tiny, tmp_path):
+    pytest.importorskip("ray")
+    from workbench.sae.train import collect_activations
+
+    text = tmp_path / "text.txt"
+    text.write_text(" ".join(f"word{i % 37} and more words {i}." for i in range(600)))
+    kwargs = dict(n_tokens=24 * 32, block_len=32, source=str(text), shard_blocks=5, dtype="float32", progress=False)
+    local = collect_activations(tiny, SITES, tmp_path / "local", **kwargs)
+    remote = collect_activations(tiny, SITES, tmp_path / "ray", engine="ray", workers=2, **kwargs)
+    assert remote.complete and remote.manifest["shards"] == local.manifest["shards"]
+    for entry in local.manifest["shards"]:
+        assert filecmp.cmp(tmp_path / "local" / entry["file"], tmp_path / "ray" / entry["file"], shallow=False)
+    with pytest.raises(WorkbenchError, match="time budget is for the local engine"):
+        collect_activations(tiny, SITES, tmp_path / "other", engine="ray", time_budget_s=5, **kwargs)
+    assert not (tmp_path / "other").exists()

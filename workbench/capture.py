@@ -343,7 +343,12 @@ def capture(
         if engine == "ray":
             settings = {"sites": sites, "positions": positions, "batch_size": batch_size, "max_tokens": max_tokens,
                         "store_dtype": store_dtype, "span_field": span_field, "parse_special": parse_special}
-            return _fill_ray(spec, store, records, settings, shard_rows, progress, workers, address, retries)
+            begins = range(store.n_rows, len(records), shard_rows)
+            jobs = [(len(store.manifest["shards"]) + k, b, {"chunk": records[b : b + shard_rows], **settings})
+                    for k, b in enumerate(begins)]
+            fill_with_ray(spec, store, jobs, "workbench.capture:chunk_shard", len(records), progress, workers,
+                          address, retries)
+            return store
         return _fill(model, store, records, sites, positions, batch_size, max_tokens, store_dtype, shard_rows,
                      progress, span_field, parse_special)
 
@@ -429,12 +434,17 @@ class CaptureWorker:
                                  f"{mine[differ[0]]!r} vs {identity.get(differ[0])!r}): give workers the same "
                                  "weights and settings")
 
-    def shard(self, out: str, index: int, begin: int, chunk: list[dict], settings: dict) -> dict:
+    def shard(self, out: str, index: int, begin: int, fn: str, kwargs: dict) -> dict:
+        """Shard ``index`` (rows from ``begin``) made by ``fn(model, begin=begin, **kwargs)`` ("module:function",
+        returning tensors, rows and truncated rows), written to the store at ``out``; returns its manifest entry."""
+        import importlib
+
+        module, _, name = fn.partition(":")
         store = ActivationStore(out)
-        tensors, rows, truncated = chunk_shard(self.model, chunk, begin, **settings)
+        tensors, rows, truncated = getattr(importlib.import_module(module), name)(self.model, begin=begin, **kwargs)
         _fault_point(index)
         entry = store.write_shard(index, tensors, rows)
-        return {**entry, "d": widths(tensors, settings["sites"]), "truncated": truncated}
+        return {**entry, "d": widths(tensors, store.sites), "truncated": list(truncated)}
 
 
 def _fault_point(index: int) -> None:
@@ -451,23 +461,27 @@ def _fault_point(index: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _fill_ray(spec, store, records, settings, shard_rows, progress, workers, address, retries) -> ActivationStore:
-    """``_fill`` with the shards captured by Ray actors; this process commits them to the manifest in order."""
+def fill_with_ray(spec: dict, store: ActivationStore, jobs: list, fn: str, total: int, progress: bool,
+                  workers: int | None, address: str | None, retries: int) -> ActivationStore:
+    """Fill ``store`` with ``jobs`` ((shard index, first row, kwargs of ``fn``), one whole shard each) on Ray actors,
+    one model replica each (rebuilt from ``spec``); this process lists the shards in the manifest in order.
+
+    Any capture whose shards are a function of the model and a range of rows comes through here: ``capture``'s
+    prompts (``chunk_shard``), SAE training's corpus blocks (``sae.train.block_shard``)."""
     import os
     from collections import deque
 
     from workbench.cluster import ray_session
     from workbench.progress import progress_bar
 
-    first_index, start = len(store.manifest["shards"]), store.n_rows
-    chunks = deque((first_index + k, begin) for k, begin in enumerate(range(start, len(records), shard_rows)))
-    if chunks:
+    todo = deque(jobs)
+    if todo:
         identity = {k: store.manifest.get(k) for k in ("model", "weights_sha256", "model_dtype", "attention",
                                                        "sites")}
         with ray_session(address) as ray:
             gpu = spec["device"].startswith("cuda")
-            n = min(workers or int(ray.cluster_resources().get("GPU" if gpu else "CPU", 1)), len(chunks))
             have = ray.cluster_resources().get("GPU" if gpu else "CPU", 0)
+            n = min(workers or max(1, int(have)), len(todo))
             if n > have:
                 raise WorkbenchError(f"the Ray cluster has {have:g} {'GPU' if gpu else 'CPU'}(s) for {n} workers: "
                                      f"ask for --workers {int(have)} or fewer")
@@ -475,16 +489,15 @@ def _fill_ray(spec, store, records, settings, shard_rows, progress, workers, add
             actor = ray.remote(CaptureWorker).options(num_cpus=0 if gpu else 1, num_gpus=1 if gpu else 0,
                                                       max_restarts=retries, max_task_retries=retries)
             replicas = [actor.remote(spec, identity, threads) for _ in range(n)]
-            bar = progress_bar(total=len(records), initial=start, desc=f"capture {spec['name']} on {n} Ray workers",
-                               unit="prompt", disable=not progress)
+            bar = progress_bar(total=total, initial=store.n_rows, desc=f"capture {spec['name']} on {n} Ray workers",
+                               unit="row", disable=not progress)
             pending, finished, n_truncated = {}, {}, 0
 
             def submit(replica: int) -> None:
-                if chunks:
-                    index, begin = chunks.popleft()
-                    ref = replicas[replica].shard.remote(str(store.path), index, begin,
-                                                         records[begin : begin + shard_rows], settings)
-                    pending[ref] = (replica, index)
+                if todo:
+                    index, begin, kwargs = todo.popleft()
+                    pending[replicas[replica].shard.remote(str(store.path), index, begin, fn, kwargs)] = (replica,
+                                                                                                           index)
 
             try:
                 for replica in range(n):  # two shards queued per replica: it never waits for the driver
@@ -502,7 +515,7 @@ def _fill_ray(spec, store, records, settings, shard_rows, progress, workers, add
                     submit(replica)
             finally:
                 bar.close()
-                warn_truncated(n_truncated, settings["max_tokens"])
+                warn_truncated(n_truncated, store.manifest.get("max_tokens"))
     store.drop_unlisted()  # the half-written temporaries of a worker that died
     store.mark_complete()
     return store

@@ -501,6 +501,9 @@ def sae_train(
     name: Annotated[str | None, typer.Option(help="SAE name (default: MODEL-SITE-ARCHITECTURE)")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="replace an SAE of this name trained otherwise")] = False,
     seed: int = 0,
+    engine: EngineOpt = "local",
+    workers: WorkersOpt = None,
+    address: AddressOpt = None,
 ):
     """Collect activations over the offline corpus (resumable) and train an SAE in SAELens format.
 
@@ -511,7 +514,8 @@ def sae_train(
     _echo_json(run_train(model=model, site=site, architecture=architecture, n_tokens=n_tokens, train_tokens=train_tokens,
                          d_sae=d_sae, k=k, l1_coefficient=l1_coefficient, lr=lr, batch_size=batch_size,
                          block_len=block_len, eval_tokens=eval_tokens, source=source, collect_budget_s=budget, name=name,
-                         overwrite=overwrite, seed=seed, activations=activations))
+                         overwrite=overwrite, seed=seed, activations=activations, engine=engine, workers=workers,
+                         address=address))
 
 
 @sae_app.command("features")

@@ -47,7 +47,8 @@ def run_train(model="smollm2-135m", site: str = "blocks.12.hook_resid_post", nam
               batch_size: int = 1024, block_len: int = 128, source: str | None = None,
               activations: str | None = None, collect_sites: list[str] | None = None,
               collect_budget_s: float | None = None, eval_tokens: int = 4096, overwrite: bool = False,
-              seed: int = 0, progress: bool = True) -> dict:
+              seed: int = 0, progress: bool = True, engine: str = "local", workers: int | None = None,
+              address: str | None = None) -> dict:
     """Collect activations (resumable), train one SAE, evaluate it; returns its path and metrics.
 
     ``n_tokens``: corpus tokens to collect; ``train_tokens``: samples the trainer sees (default: what
@@ -115,7 +116,8 @@ def run_train(model="smollm2-135m", site: str = "blocks.12.hook_resid_post", nam
         store = existing
     else:
         store = collect_activations(model, sites, store_path, n_tokens, block_len=block_len, split="train",
-                                    seed=seed, source=source, time_budget_s=collect_budget_s, progress=progress)
+                                    seed=seed, source=source, time_budget_s=collect_budget_s, progress=progress,
+                                    engine=engine, workers=workers, address=address)
     collected = store.n_items(site)  # from the shards' headers: the store is streamed, never held
     if collected < batch_size:
         raise WorkbenchError(f"only {collected} activations in {store_path}: collect more (raise the time budget "

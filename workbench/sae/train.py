@@ -43,22 +43,27 @@ def collect_activations(model, sites: list[str], out: str | Path, n_tokens: int,
                         split: str = "train", seed: int = 0, source: str | Path | None = None,
                         batch_size: int = 8, dtype: str = "auto", shard_blocks: int = 64,
                         overwrite: bool = False, time_budget_s: float | None = None,
-                        progress: bool = True) -> ActivationStore:
+                        progress: bool = True, engine: str = "local", workers: int | None = None,
+                        address: str | None = None) -> ActivationStore:
     """Corpus token blocks through ``model``; every non-BOS position of each site into a store (resumable).
 
     One row per block; the store's token table (``positions == "all"``) says which token each
     activation belongs to, so feature contexts can be read back. Stop it at any time (or give
     ``time_budget_s``): the shards written so far are usable, the same call resumes, and
     ``store.complete`` says whether it finished. ``dtype="auto"`` picks float16 or bfloat16 from the
-    model's activations (:func:`choose_store_dtype`).
+    model's activations (:func:`choose_store_dtype`). ``engine="ray"`` collects whole shards on Ray workers,
+    one model replica each (``capture.fill_with_ray``): the same store, byte for byte.
     """
 
     import torch
 
-    from workbench.capture import check_sites, store_model_identity
+    from workbench.capture import check_sites, fill_with_ray, replica_spec, store_model_identity
     from workbench.data.corpus import token_blocks
 
     sites = check_sites(model, sites)
+    spec = replica_spec(model, engine, workers, 2, out, address)  # a refused engine writes nothing
+    if spec is not None and time_budget_s is not None:
+        raise WorkbenchError("a collection time budget is for the local engine: drop --budget with --engine ray")
     blocks = token_blocks(model.tokenizer, n_tokens, block_len, split=split, seed=seed, source=source)
     if dtype == "auto":
         dtype = choose_store_dtype(model, sites, blocks[:batch_size])
@@ -78,6 +83,13 @@ def collect_activations(model, sites: list[str], out: str | Path, n_tokens: int,
                    "n_tokens": int(blocks.numel()), "skip_bos": True},
     }
     with ActivationStore.writing(out, header, overwrite=overwrite, wait=True) as store:  # the next writer resumes
+        if spec is not None:
+            begins = range(store.n_rows, len(blocks), shard_blocks)
+            jobs = [(len(store.manifest["shards"]) + k, b, {"chunk": blocks[b : b + shard_blocks], "sites": sites,
+                                                              "store_dtype": store_dtype, "batch_size": batch_size})
+                    for k, b in enumerate(begins)]
+            return fill_with_ray(spec, store, jobs, "workbench.sae.train:block_shard", len(blocks), progress, workers,
+                                 address, 2)
         return _collect(model, sites, blocks, store, store_dtype, batch_size, shard_blocks,
                         time_budget_s, progress)
 
@@ -99,11 +111,8 @@ def _collect(model, sites, blocks, store, store_dtype, batch_size, shard_blocks,
              progress) -> ActivationStore:
     import time
 
-    import torch
-
     from workbench.progress import progress_bar
 
-    L = blocks.shape[1]
     bar = progress_bar(total=len(blocks), initial=store.n_rows, desc=f"activations {store.manifest['model']}", unit="block",
                disable=not progress)
     started = time.monotonic()
@@ -112,26 +121,36 @@ def _collect(model, sites, blocks, store, store_dtype, batch_size, shard_blocks,
             if time_budget_s is not None and time.monotonic() - started > time_budget_s:
                 log.warning("time budget spent: %d of %d blocks collected (the same call resumes)", begin, len(blocks))
                 return store
-            chunk = blocks[begin : begin + shard_blocks]
-            parts: dict[str, list] = {s: [] for s in sites}
-            for b in range(0, len(chunk), batch_size):
-                tokens = chunk[b : b + batch_size]
-                got = block_activations(model, tokens, sites)
-                for s in sites:
-                    parts[s].append(_fits(got[s], store_dtype, s))
-                bar.update(len(tokens))
-            tensors = {s: torch.cat(v) for s, v in parts.items()}
+            tensors, rows, _ = block_shard(model, blocks[begin : begin + shard_blocks], begin, sites, store_dtype,
+                                           batch_size, bar)
             if store.manifest["d"][sites[0]] is None:
                 store.manifest["d"] = {s: list(tensors[s].shape[1:]) for s in sites}
-            n = len(chunk)
-            tensors["token_ids"] = chunk[:, 1:].reshape(-1)
-            tensors["row_index"] = (torch.arange(n)[:, None] + begin).expand(n, L - 1).reshape(-1)
-            tensors["offsets"] = torch.zeros(n * (L - 1), 2, dtype=torch.long)  # blocks have no source text
-            store.append_shard(tensors, [{"block": begin + i} for i in range(n)])
+            store.append_shard(tensors, rows)
     finally:
         bar.close()
     store.mark_complete()
     return store
+
+
+def block_shard(model, chunk, begin: int, sites: list[str], store_dtype, batch_size: int, bar=None):
+    """One shard of corpus blocks ``chunk`` (rows ``begin`` onwards): every non-BOS position of each site, with the
+    token table; returns (tensors, rows, truncated rows: none)."""
+    import torch
+
+    n, L = chunk.shape
+    parts: dict[str, list] = {s: [] for s in sites}
+    for b in range(0, n, batch_size):
+        tokens = chunk[b : b + batch_size]
+        got = block_activations(model, tokens, sites)
+        for s in sites:
+            parts[s].append(_fits(got[s], store_dtype, s))
+        if bar is not None:
+            bar.update(len(tokens))
+    tensors = {s: torch.cat(v) for s, v in parts.items()}
+    tensors["token_ids"] = chunk[:, 1:].reshape(-1)
+    tensors["row_index"] = (torch.arange(n)[:, None] + begin).expand(n, L - 1).reshape(-1)
+    tensors["offsets"] = torch.zeros(n * (L - 1), 2, dtype=torch.long)  # blocks have no source text
+    return tensors, [{"block": begin + i} for i in range(n)], []
 
 
 FLOAT16_HEADROOM = 64.0
