@@ -50,3 +50,20 @@ def test_train_collects_into_and_streams_from_a_url_store(tiny, text, tmp_path, 
     assert res["tokens_collected"] == 32 * 63 == store.n_items("blocks.1.hook_resid_post")
     assert store.n_items("blocks.1.hook_resid_post") == len(store.get("blocks.1.hook_resid_post"))
     assert res["tokens_trained"] == 1024 and store.complete
+
+
+def test_collecting_with_a_bfloat16_copy_of_the_model(tiny, text, tmp_path, monkeypatch):
+    from workbench.commands.sae import run_train
+    from workbench.store import ActivationStore
+
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))
+    kwargs = dict(n_tokens=16 * 64, block_len=64, d_sae=64, k=4, batch_size=128, train_tokens=512, lr=2e-3,
+                  eval_tokens=128, source=str(text), progress=False)
+    from workbench.sae.train import read_meta
+
+    res = run_train(tiny, "blocks.1.hook_resid_post", name="b", collect_dtype="bfloat16", **kwargs)
+    store = ActivationStore(read_meta(res["path"])["activations"])
+    assert res["tokens_collected"] == 16 * 63 and store.manifest["model_dtype"] == "bfloat16"
+    assert tiny.workbench["dtype"] == "float32"  # evaluated with the caller's model
+    with pytest.raises(WorkbenchError, match="unknown dtype"):
+        run_train(tiny, "blocks.1.hook_resid_post", name="c", collect_dtype="float8", **kwargs)

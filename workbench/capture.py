@@ -401,18 +401,19 @@ def replica_spec(model, engine: str, workers: int | None, retries: int, out, add
     if str(out).startswith("memory://"):
         raise WorkbenchError("a memory:// store lives in one process, so Ray workers cannot write it: give a folder "
                              "or a shared URL (s3://, gs://, ...)")
+    from workbench.models.loading import model_source
+
     info = getattr(model, "workbench", None) or {}
-    if not info.get("name") or not info.get("weights_sha256"):
-        raise WorkbenchError("the ray engine rebuilds the model in every worker by name: load it with "
-                             "workbench.models.load_model (or use --engine local)")
     if info.get("splices"):
         raise WorkbenchError("the ray engine cannot rebuild a model with SAEs spliced in: use --engine local")
     if info.get("backend"):
         raise WorkbenchError(f"the ray engine rebuilds hooked models; a {info['backend']} model captures with "
                              "--engine local")
-    return {"name": info["name"], "model_path": info["path"] if info.get("source") in ("local", "gguf") else None,
-            "device": str(model.cfg.device), "dtype": info.get("dtype", "float32"), "seed": info.get("seed", 0),
-            "weights_sha256": info["weights_sha256"]}
+    try:
+        return model_source(model)
+    except WorkbenchError:
+        raise WorkbenchError("the ray engine loads the model again in every worker by name: load it with "
+                             "workbench.models.load_model (or use --engine local)") from None
 
 
 class CaptureWorker:
@@ -421,12 +422,11 @@ class CaptureWorker:
     def __init__(self, spec: dict, identity: dict, threads: int | None):
         import torch
 
-        from workbench.models import load_model
+        from workbench.models.loading import load_source
 
         if threads:
             torch.set_num_threads(threads)
-        self.model = load_model(spec["name"], model_path=spec["model_path"], device=spec["device"],
-                                dtype=spec["dtype"], seed=spec["seed"])
+        self.model = load_source(spec)
         mine = store_model_identity(self.model, identity["sites"])
         differ = [k for k in mine if mine[k] != identity.get(k)]
         if differ:

@@ -501,6 +501,9 @@ def sae_train(
     name: Annotated[str | None, typer.Option(help="SAE name (default: MODEL-SITE-ARCHITECTURE)")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="replace an SAE of this name trained otherwise")] = False,
     seed: int = 0,
+    collect_dtype: Annotated[str | None, typer.Option(
+        help="collect with a copy of the model in this dtype (bfloat16: a faster forward; the SAE is evaluated "
+             "in float32)")] = None,
     engine: EngineOpt = "local",
     workers: WorkersOpt = None,
     address: AddressOpt = None,
@@ -515,7 +518,7 @@ def sae_train(
                          d_sae=d_sae, k=k, l1_coefficient=l1_coefficient, lr=lr, batch_size=batch_size,
                          block_len=block_len, eval_tokens=eval_tokens, source=source, collect_budget_s=budget, name=name,
                          overwrite=overwrite, seed=seed, activations=activations, engine=engine, workers=workers,
-                         address=address))
+                         address=address, collect_dtype=collect_dtype))
 
 
 @sae_app.command("features")

@@ -137,6 +137,28 @@ def load_model(
     return model
 
 
+def model_source(model) -> dict:
+    """Where ``model`` came from, as plain values (name, path, device, dtype, seed, weights hash): enough to load it
+    again in another process (a Ray worker's replica) or in another dtype (``load_source``)."""
+    info = getattr(model, "workbench", None) or {}
+    if not info.get("name") or not info.get("weights_sha256"):
+        raise WorkbenchError("this model cannot be loaded again by name: load it with workbench.models.load_model")
+    return {"name": info["name"], "model_path": info["path"] if info.get("source") in ("local", "gguf") else None,
+            "device": str(model.cfg.device), "dtype": info.get("dtype", "float32"), "seed": info.get("seed", 0),
+            "weights_sha256": info["weights_sha256"]}
+
+
+def load_source(source: dict, **overrides):
+    """The model ``model_source`` describes, with ``overrides`` (e.g. another ``dtype``); refused if the weights read
+    are not the ones described (the files changed since)."""
+    settings = {k: source[k] for k in ("model_path", "device", "dtype", "seed")} | overrides
+    model = load_model(source["name"], **settings)
+    if model.workbench.get("weights_sha256") != source["weights_sha256"]:
+        raise WorkbenchError(f"{source['name']} loaded again has other weights ({model.workbench.get('weights_sha256')}"
+                             f" vs {source['weights_sha256']}): its files changed since it was first loaded")
+    return model
+
+
 def _apply_derived(model, spec: ModelSpec) -> dict:
     """Overwrite the base model's tensors with the derived model's (a fine-tune saves only what it changed)."""
     from safetensors.torch import load_file
