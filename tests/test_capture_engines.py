@@ -5,6 +5,7 @@ from __future__ import annotations
 import filecmp
 import uuid
 
+import numpy as np
 import pytest
 import torch
 
@@ -159,3 +160,23 @@ def test_sae_collection_on_ray_workers_equals_a_local_one(tiny, tmp_path):
     with pytest.raises(WorkbenchError, match="time budget is for the local engine"):
         collect_activations(tiny, SITES, tmp_path / "other", engine="ray", time_budget_s=5, **kwargs)
     assert not (tmp_path / "other").exists()
+
+
+def test_detector_features_on_ray_workers_equal_local_ones(tiny, tmp_path):
+    pytest.importorskip("ray")
+    from workbench.cluster import capture_engine
+    from workbench.detect.features import activation_features
+    from workbench.topology.prompt_views import TokenCloudBarcode
+
+    records = [{"text": f"Summarize this.\n\nThe report {i} says {'sales rose and costs fell ' * (1 + i % 4)}.",
+                "label": ["clean", "injected"][i % 2]} for i in range(24)]
+    kwargs = dict(topology=TokenCloudBarcode(seed=0), tokens=8, batch_size=4, progress=False)
+    local = activation_features(tiny, records, [1, 3], **kwargs)
+    with capture_engine("ray", workers=2):
+        remote = activation_features(tiny, records, [1, 3], **kwargs)
+    assert set(local) == set(remote) >= {"last", "doc_mean", "doc_max", "delta", "doc_topology", "doc_tokens"}
+    for view in local:  # the same batches on the replicas: the same numbers, bit for bit
+        assert np.array_equal(local[view], remote[view]), view
+    assert_refused(["detect", "--model", "tiny", "--train", "--engine", "ray", "--address", "127.0.0.1:1",
+                    "--detector-dir", tmp_path / "d"], "nothing answers at the Ray address", watch=[tmp_path])
+    assert not (tmp_path / "d").exists()

@@ -446,6 +446,13 @@ class CaptureWorker:
         entry = store.write_shard(index, tensors, rows)
         return {**entry, "d": widths(tensors, store.sites), "truncated": list(truncated)}
 
+    def call(self, fn: str, kwargs: dict):
+        """``fn(model, **kwargs)`` ("module:function") on this replica; its value goes back to the driver."""
+        import importlib
+
+        module, _, name = fn.partition(":")
+        return getattr(importlib.import_module(module), name)(self.model, **kwargs)
+
 
 def _fault_point(index: int) -> None:
     """With ``WORKBENCH_CAPTURE_FAULT=<index>:<marker>`` set, the first worker to reach that shard dies (SIGKILL)."""
@@ -461,78 +468,100 @@ def _fault_point(index: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def fill_with_ray(spec: dict, store: ActivationStore, jobs: list, fn: str, total: int, progress: bool,
-                  workers: int | None, address: str | None, retries: int) -> ActivationStore:
-    """Fill ``store`` with ``jobs`` ((shard index, first row, kwargs of ``fn``), one whole shard each) on Ray actors,
-    one model replica each (rebuilt from ``spec``); this process lists the shards in the manifest in order.
-
-    Any capture whose shards are a function of the model and a range of rows comes through here: ``capture``'s
-    prompts (``chunk_shard``), SAE training's corpus blocks (``sae.train.block_shard``)."""
+def map_on_replicas(spec: dict, identity: dict, jobs: list, method: str, on_result, progress_bar, workers: int | None,
+                    address: str | None, retries: int) -> None:
+    """Run ``jobs`` ((key, args of ``CaptureWorker.<method>``)) on Ray actors, one model replica each (loaded from
+    ``spec``, checked against ``identity``); ``on_result(key, value)`` in this process as each one returns, in the
+    order they finish. A replica that dies is restarted and its job run again, up to ``retries`` times."""
     import os
     from collections import deque
 
     from workbench.cluster import ray_session
-    from workbench.progress import progress_bar
 
     todo = deque(jobs)
-    if todo:
-        identity = {k: store.manifest.get(k) for k in ("model", "weights_sha256", "model_dtype", "attention",
-                                                       "sites")}
-        with ray_session(address) as ray:
-            gpu = spec["device"].startswith("cuda")
-            have = ray.cluster_resources().get("GPU" if gpu else "CPU", 0)
-            n = min(workers or max(1, int(have)), len(todo))
-            if n > have:
-                raise WorkbenchError(f"the Ray cluster has {have:g} {'GPU' if gpu else 'CPU'}(s) for {n} workers: "
-                                     f"ask for --workers {int(have)} or fewer")
-            threads = None if address else max(1, (os.cpu_count() or 1) // n)  # local: the cores shared out
-            actor = ray.remote(CaptureWorker).options(num_cpus=0 if gpu else 1, num_gpus=1 if gpu else 0,
-                                                      max_restarts=retries, max_task_retries=retries)
-            replicas = [actor.remote(spec, identity, threads) for _ in range(n)]
-            bar = progress_bar(total=total, initial=store.n_rows, desc=f"capture {spec['name']} on {n} Ray workers",
-                               unit="row", disable=not progress)
-            pending, finished, n_truncated = {}, {}, 0
+    if not todo:
+        return
+    with ray_session(address) as ray:
+        gpu = spec["device"].startswith("cuda")
+        have = ray.cluster_resources().get("GPU" if gpu else "CPU", 0)
+        n = min(workers or max(1, int(have)), len(todo))
+        if n > have:
+            raise WorkbenchError(f"the Ray cluster has {have:g} {'GPU' if gpu else 'CPU'}(s) for {n} workers: "
+                                 f"ask for --workers {int(have)} or fewer")
+        threads = None if address else max(1, (os.cpu_count() or 1) // n)  # local: the cores shared out
+        actor = ray.remote(CaptureWorker).options(num_cpus=0 if gpu else 1, num_gpus=1 if gpu else 0,
+                                                  max_restarts=retries, max_task_retries=retries)
+        replicas = [actor.remote(spec, identity, threads) for _ in range(n)]
+        bar = progress_bar(n)
+        pending: dict = {}
 
-            def submit(replica: int) -> None:
-                if todo:
-                    index, begin, kwargs = todo.popleft()
-                    pending[replicas[replica].shard.remote(str(store.path), index, begin, fn, kwargs)] = (replica,
-                                                                                                           index)
+        def submit(replica: int) -> None:
+            if todo:
+                key, args = todo.popleft()
+                pending[getattr(replicas[replica], method).remote(*args)] = (replica, key)
 
-            try:
-                for replica in range(n):  # two shards queued per replica: it never waits for the driver
-                    submit(replica)
-                    submit(replica)
-                while pending:
-                    (ref,), _ = ray.wait(list(pending), num_returns=1)
-                    replica, index = pending.pop(ref)
-                    finished[index] = _worker_result(ray, ref, index)
-                    bar.update(finished[index]["n_rows"])
-                    while len(store.manifest["shards"]) in finished:
-                        entry = finished.pop(len(store.manifest["shards"]))
-                        n_truncated += len(entry["truncated"])
-                        commit_chunk(store, entry, entry.pop("truncated"))
-                    submit(replica)
-            finally:
-                bar.close()
-                warn_truncated(n_truncated, store.manifest.get("max_tokens"))
+        try:
+            for replica in range(n):  # two jobs queued per replica: it never waits for the driver
+                submit(replica)
+                submit(replica)
+            while pending:
+                (ref,), _ = ray.wait(list(pending), num_returns=1)
+                replica, key = pending.pop(ref)
+                value = _worker_result(ray, ref, key)
+                bar.update(on_result(key, value) or 0)
+                submit(replica)
+        finally:
+            bar.close()
+
+
+def fill_with_ray(spec: dict, store: ActivationStore, jobs: list, fn: str, total: int, progress: bool,
+                  workers: int | None, address: str | None, retries: int) -> ActivationStore:
+    """Fill ``store`` with ``jobs`` ((shard index, first row, kwargs of ``fn``), one whole shard each) on model
+    replicas (``map_on_replicas``); this process lists the shards in the manifest in order as they arrive.
+
+    Any capture whose shards are a function of the model and a range of rows comes through here: ``capture``'s
+    prompts (``chunk_shard``), SAE training's corpus blocks (``sae.train.block_shard``)."""
+    from workbench.progress import progress_bar
+
+    identity = {k: store.manifest.get(k) for k in ("model", "weights_sha256", "model_dtype", "attention", "sites")}
+    finished: dict = {}
+    n_truncated = [0]
+
+    def on_result(index: int, entry: dict) -> int:
+        finished[index] = entry
+        while len(store.manifest["shards"]) in finished:
+            ready = finished.pop(len(store.manifest["shards"]))
+            n_truncated[0] += len(ready["truncated"])
+            commit_chunk(store, ready, ready.pop("truncated"))
+        return entry["n_rows"]
+
+    def bar(n: int):
+        return progress_bar(total=total, initial=store.n_rows, desc=f"capture {spec['name']} on {n} Ray workers",
+                            unit="row", disable=not progress)
+
+    try:
+        map_on_replicas(spec, identity, [(index, (str(store.path), index, begin, fn, kwargs))
+                                         for index, begin, kwargs in jobs], "shard", on_result, bar, workers,
+                        address, retries)
+    finally:
+        warn_truncated(n_truncated[0], store.manifest.get("max_tokens"))
     store.drop_unlisted()  # the half-written temporaries of a worker that died
     store.mark_complete()
     return store
 
 
-def _worker_result(ray, ref, index: int) -> dict:
-    """A shard's manifest entry from its worker, or one line: the worker's own error, or how it died."""
+def _worker_result(ray, ref, key):
+    """A job's value from its worker, or one line: the worker's own error, or how it died."""
     try:
         return ray.get(ref)
     except ray.exceptions.RayTaskError as exc:
         cause = getattr(exc, "cause", None)
         if isinstance(cause, WorkbenchError):
             raise WorkbenchError(str(cause)) from None
-        raise WorkbenchError(f"shard {index} failed in its Ray worker: {cause!r}") from None
+        raise WorkbenchError(f"job {key} failed in its Ray worker: {cause!r}") from None
     except ray.exceptions.RayActorError as exc:
-        raise WorkbenchError(f"the Ray worker capturing shard {index} died and its retries ran out "
-                             f"({type(exc).__name__}): the shards listed are kept; run again to resume") from None
+        raise WorkbenchError(f"the Ray worker running job {key} died and its retries ran out "
+                             f"({type(exc).__name__}): what was stored is kept; run again to resume") from None
 
 
 def widths(tensors: dict, sites) -> dict:

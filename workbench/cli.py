@@ -320,6 +320,9 @@ def detect(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     seed: Annotated[int | None, typer.Option(help="seed of the training prompts (default 0)")] = None,
+    engine: EngineOpt = "local",
+    workers: WorkersOpt = None,
+    address: AddressOpt = None,
     as_json: JsonOpt = False,
 ):
     """Score prompts for injection with a detector chosen and fitted on real and generated sources.
@@ -331,7 +334,8 @@ def detect(
     """
     if ctx.invoked_subcommand is not None:  # `workbench detect eval ...`: only the subcommand runs
         return
-    from workbench.capture import read_prompt_file
+    from workbench.capture import read_prompt_file, replica_spec
+    from workbench.cluster import capture_engine
     from workbench.commands.detect import detector_folder, labelled_auc, score_file, trained_or_loaded
     from workbench.detect import DetectorConfig, resolve_layer
     from workbench.detect.trained import DEFAULT_PAIRS, summary_line
@@ -345,10 +349,12 @@ def detect(
         raise WorkbenchError(f"--out {out} is a folder: give a file path for the scores")
     hooked = _load(model, model_path, device, dtype)
     resolve_layer(hooked, layer)  # in range for this model, before anything is trained or written
+    replica_spec(hooked, engine, workers, 2, "", address)  # a refused engine, before anything is trained
     folder = detector_folder(hooked, layer, detector_dir)
     asked = {"n_pairs": ("--pairs", pairs), "seed": ("--seed", seed), "sources": ("--sources", asked_sources),
              "detector": ("--detector", None if detector == "auto" else detector)}
-    trained_detector, trained = trained_or_loaded(hooked, config, folder, train=train, asked=asked)
+    with capture_engine(engine, workers, address):  # the features' forwards, on Ray replicas if asked
+        trained_detector, trained = trained_or_loaded(hooked, config, folder, train=train, asked=asked)
     result = {"detector": str(Path(folder) / "detector.json"), "trained_now": trained,
               "summary": summary_line(trained_detector)}
     if trained and not as_json:
@@ -356,7 +362,8 @@ def detect(
         typer.echo(f"saved {result['detector']}")
     if records is None:
         return _echo_json(result) if as_json else None
-    rows = score_file(hooked, trained_detector, records, out, chat=chat)
+    with capture_engine(engine, workers, address):
+        rows = score_file(hooked, trained_detector, records, out, chat=chat)
     flagged = sum(r["flagged"] for r in rows)
     cut = sum(r["truncated"] for r in rows)
     got = labelled_auc(rows)

@@ -7,6 +7,7 @@ Study grids (``workbench study run --engine ray``) and captures (``--engine ray`
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import socket
 
 from workbench.errors import WorkbenchError
@@ -50,3 +51,22 @@ def ray_session(address: str | None = None):
     finally:
         if started_here:
             ray.shutdown()
+
+
+_ENGINE: contextvars.ContextVar = contextvars.ContextVar("workbench_capture_engine", default=None)
+
+
+@contextlib.contextmanager
+def capture_engine(engine: str = "local", workers: int | None = None, address: str | None = None):
+    """Within the block, captures that take no engine argument of their own run on this one (the detector's
+    features: ``workbench detect --engine ray`` sets it around training and scoring)."""
+    token = _ENGINE.set({"engine": engine, "workers": workers, "address": address})
+    try:
+        yield
+    finally:
+        _ENGINE.reset(token)
+
+
+def current_engine() -> dict:
+    """The engine ``capture_engine`` set for this block (local when none)."""
+    return _ENGINE.get() or {"engine": "local", "workers": None, "address": None}

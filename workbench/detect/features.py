@@ -181,12 +181,19 @@ def _inserted_masks(records, shown, offsets) -> list[np.ndarray]:
 
 
 def _pooled(model, records, layers, max_tokens, batch_size, chat, progress, with_doc: bool,
-            topology=None, sample: int | None = None) -> dict[str, np.ndarray]:
+            topology=None, sample: int | None = None, presorted: bool = False) -> dict[str, np.ndarray]:
+    """Every view of ``records`` at ``layers``, batched shortest first (``presorted``: already in that order, as a
+    Ray worker's slice is). Under ``cluster.capture_engine("ray")`` the batches run on model replicas
+    (``_pooled_on_ray``), the same batches as here, so the same numbers."""
     import torch
 
     from workbench.capture import StopForward, forward_until_stopped, pad_batch, span_masks
+    from workbench.cluster import current_engine
     from workbench.progress import progress_bar
 
+    if current_engine()["engine"] == "ray" and not presorted:
+        return _pooled_on_ray(model, records, layers, max_tokens, batch_size, chat, progress, with_doc, topology,
+                              sample)
     shown, ids, offsets, _ = shown_tokens(model, records, max_tokens, chat)
     sites = [f"blocks.{L}.hook_resid_post" for L in layers]
     deepest = f"blocks.{max(layers)}.hook_resid_post"  # the forward stops once it has fired
@@ -199,7 +206,7 @@ def _pooled(model, records, layers, max_tokens, batch_size, chat, progress, with
         d = model.cfg.d_model
         out["doc_tokens"] = np.zeros((len(records), len(layers), sample, d + 2), dtype=np.float32)
         inserted = _inserted_masks(records, shown, offsets)
-    order = np.argsort([len(i) for i in ids])  # similar lengths together: less padding
+    order = np.arange(len(ids)) if presorted else np.argsort([len(i) for i in ids])  # similar lengths together
     bar = progress_bar(total=len(records), desc="features", unit="prompt", disable=not progress, leave=False)
     for start in range(0, len(order), batch_size):
         rows = order[start: start + batch_size].tolist()
@@ -243,6 +250,42 @@ def _pooled(model, records, layers, max_tokens, batch_size, chat, progress, with
     bar.close()
     if sample:
         out["doc_tokens"] = out["doc_tokens"].reshape(len(records), len(layers), -1)
+    return out
+
+
+def _pooled_on_ray(model, records, layers, max_tokens, batch_size, chat, progress, with_doc, topology, sample,
+                   batches_per_job: int = 8) -> dict[str, np.ndarray]:
+    """``_pooled`` with its batches (the same ones, in the same order) spread over Ray model replicas."""
+    from workbench.capture import map_on_replicas, replica_spec, store_model_identity
+    from workbench.cluster import current_engine
+    from workbench.progress import progress_bar
+
+    engine = current_engine()
+    spec = replica_spec(model, "ray", engine["workers"], 2, "", engine["address"])
+    sites = [f"blocks.{L}.hook_resid_post" for L in layers]
+    _, ids, _, _ = shown_tokens(model, records, max_tokens, chat)
+    order = np.argsort([len(i) for i in ids])  # as _pooled orders them: the batches are its batches
+    step = batch_size * batches_per_job
+    slices = [order[at : at + step] for at in range(0, len(order), step)]
+    settings = dict(layers=layers, max_tokens=max_tokens, batch_size=batch_size, chat=chat, progress=False,
+                    with_doc=with_doc, topology=topology, sample=sample, presorted=True)
+    jobs = [(k, ("workbench.detect.features:_pooled", {"records": [records[i] for i in part], **settings}))
+            for k, part in enumerate(slices)]
+    out: dict[str, np.ndarray] = {}
+
+    def on_result(k: int, got: dict) -> int:
+        for view, values in got.items():
+            if view not in out:
+                out[view] = np.zeros((len(records), *values.shape[1:]), dtype=values.dtype)
+            out[view][slices[k]] = values
+        return len(slices[k])
+
+    def bar(n: int):
+        return progress_bar(total=len(records), desc=f"features on {n} Ray workers", unit="prompt",
+                            disable=not progress, leave=False)
+
+    map_on_replicas(spec, {**store_model_identity(model, sites), "sites": sites}, jobs, "call", on_result, bar,
+                    engine["workers"], engine["address"], 2)
     return out
 
 

@@ -137,6 +137,30 @@ def load_model(
     return model
 
 
+def stable_rotary(model):
+    """Recompute every attention layer's rotary tables in float64, then round them to their own dtype.
+
+    TransformerLens computes them in float32 with vectorized sin/cos, whose results differ by an ulp between the
+    SIMD body and the scalar tail of a loop, and where that boundary falls depends on the buffer's alignment in
+    memory: the same model built in two processes had different ``blocks.0.attn.rotary_sin`` (seen in the tests,
+    about 2 runs in 5). Rounded from float64 they are the same everywhere, so a capture gives the same bits in
+    every process (a Ray worker's replica included). Every hooked model the workbench builds goes through here
+    (``hooked_from_tensors``, ``tiny.tiny_model``).
+    """
+    import torch
+
+    for block in getattr(model, "blocks", []):
+        attn = getattr(block, "attn", None)
+        if attn is None or not hasattr(attn, "rotary_sin") or not hasattr(attn, "calculate_sin_cos_rotary"):
+            continue
+        sin, cos = attn.calculate_sin_cos_rotary(model.cfg.rotary_dim, attn.rotary_sin.shape[0],
+                                                 base=attn._rotary_base(), dtype=torch.float64)
+        # through float32 as TransformerLens's tables are: a bfloat16 model holds what a float32 one cast to it holds
+        attn.rotary_sin = sin.float().to(attn.rotary_sin.device, attn.rotary_sin.dtype)
+        attn.rotary_cos = cos.float().to(attn.rotary_cos.device, attn.rotary_cos.dtype)
+    return model
+
+
 def model_source(model) -> dict:
     """Where ``model`` came from, as plain values (name, path, device, dtype, seed, weights hash): enough to load it
     again in another process (a Ray worker's replica) or in another dtype (``load_source``)."""
@@ -378,7 +402,7 @@ def hooked_from_tensors(cfg, tokenizer, names, read, dtype):
             if not name.split(".")[-1].startswith("b"):
                 raise WorkbenchError(f"the checkpoint has no {name}: it does not fit this model's config")
             _assign(model, name, torch.zeros(param.shape, dtype=dtype), param)
-    return model
+    return stable_rotary(model)
 
 
 def _assign(model, name: str, tensor, old) -> None:

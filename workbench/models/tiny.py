@@ -69,6 +69,8 @@ def tiny_model(seed: int = 0, device: str = "cpu", dtype=None, **config):
     """Random weights (``initializer_range`` scaled init), deterministic by ``seed``."""
     from transformer_lens import HookedTransformer
 
+    from workbench.models.loading import stable_rotary
+
     cfg = tiny_config(seed=seed, dtype=dtype, **config)
     model = HookedTransformer(cfg, tokenizer=byte_tokenizer(), move_to_device=False)
-    return model.to(device, print_details=False).eval()
+    return stable_rotary(model).to(device, print_details=False).eval()
