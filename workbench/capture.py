@@ -343,12 +343,8 @@ def capture(
         if engine == "ray":
             settings = {"sites": sites, "positions": positions, "batch_size": batch_size, "max_tokens": max_tokens,
                         "store_dtype": store_dtype, "span_field": span_field, "parse_special": parse_special}
-            begins = range(store.n_rows, len(records), shard_rows)
-            jobs = [(len(store.manifest["shards"]) + k, b, {"chunk": records[b : b + shard_rows], **settings})
-                    for k, b in enumerate(begins)]
-            fill_with_ray(spec, store, jobs, "workbench.capture:chunk_shard", len(records), progress, workers,
-                          address, retries)
-            return store
+            return fill_with_ray(spec, store, records, shard_rows, "workbench.capture:chunk_shard", settings,
+                                 progress, workers, address, retries)
         return _fill(model, store, records, sites, positions, batch_size, max_tokens, store_dtype, shard_rows,
                      progress, span_field, parse_special)
 
@@ -368,8 +364,7 @@ def _fill(model, store, records, sites, positions, batch_size, max_tokens, store
                                                    positions, batch_size, max_tokens, store_dtype, span_field,
                                                    parse_special, bar)
             n_truncated += len(truncated)
-            entry = store.write_shard(len(store.manifest["shards"]), tensors, rows)
-            commit_chunk(store, {**entry, "d": widths(tensors, sites)}, truncated)
+            store.append_shard(tensors, rows, truncated)
     finally:
         bar.close()
         warn_truncated(n_truncated, max_tokens)
@@ -377,12 +372,13 @@ def _fill(model, store, records, sites, positions, batch_size, max_tokens, store
     return store
 
 
-ENGINES = ("local", "ray")
 FAULT = "WORKBENCH_CAPTURE_FAULT"  # tests: "<shard index>:<marker file>" kills a Ray worker once, before that shard
 
 
 def replica_spec(model, engine: str, workers: int | None, retries: int, out, address: str | None = None) -> dict | None:
     """How a Ray worker rebuilds ``model`` (None for the local engine); refuses what a worker could not rebuild."""
+    from workbench.cluster import ENGINES, check_address
+
     if engine not in ENGINES:
         raise WorkbenchError(f"unknown engine {engine!r}: use local or ray")
     if workers is not None and not (isinstance(workers, int) and workers >= 1):
@@ -395,8 +391,6 @@ def replica_spec(model, engine: str, workers: int | None, retries: int, out, add
 
     if importlib.util.find_spec("ray") is None:
         raise WorkbenchError("the ray engine needs Ray: pip install 'workbench[ray]'")
-    from workbench.cluster import check_address
-
     check_address(address)
     if str(out).startswith("memory://"):
         raise WorkbenchError("a memory:// store lives in one process, so Ray workers cannot write it: give a folder "
@@ -437,14 +431,9 @@ class CaptureWorker:
     def shard(self, out: str, index: int, begin: int, fn: str, kwargs: dict) -> dict:
         """Shard ``index`` (rows from ``begin``) made by ``fn(model, begin=begin, **kwargs)`` ("module:function",
         returning tensors, rows and truncated rows), written to the store at ``out``; returns its manifest entry."""
-        import importlib
-
-        module, _, name = fn.partition(":")
-        store = ActivationStore(out)
-        tensors, rows, truncated = getattr(importlib.import_module(module), name)(self.model, begin=begin, **kwargs)
+        tensors, rows, truncated = self.call(fn, {"begin": begin, **kwargs})
         _fault_point(index)
-        entry = store.write_shard(index, tensors, rows)
-        return {**entry, "d": widths(tensors, store.sites), "truncated": list(truncated)}
+        return {**ActivationStore(out).write_shard(index, tensors, rows), "truncated": list(truncated)}
 
     def call(self, fn: str, kwargs: dict):
         """``fn(model, **kwargs)`` ("module:function") on this replica; its value goes back to the driver."""
@@ -514,10 +503,11 @@ def map_on_replicas(spec: dict, identity: dict, jobs: list, method: str, on_resu
             bar.close()
 
 
-def fill_with_ray(spec: dict, store: ActivationStore, jobs: list, fn: str, total: int, progress: bool,
-                  workers: int | None, address: str | None, retries: int) -> ActivationStore:
-    """Fill ``store`` with ``jobs`` ((shard index, first row, kwargs of ``fn``), one whole shard each) on model
-    replicas (``map_on_replicas``); this process lists the shards in the manifest in order as they arrive.
+def fill_with_ray(spec: dict, store: ActivationStore, rows, shard_rows: int, fn: str, settings: dict,
+                  progress: bool, workers: int | None, address: str | None, retries: int) -> ActivationStore:
+    """Fill ``store`` with the ``rows`` it does not hold yet, one whole shard of ``shard_rows`` per job
+    (``fn(model, chunk=..., begin=..., **settings)``), on model replicas (``map_on_replicas``); this process lists
+    the shards in the manifest in order as they arrive.
 
     Any capture whose shards are a function of the model and a range of rows comes through here: ``capture``'s
     prompts (``chunk_shard``), SAE training's corpus blocks (``sae.train.block_shard``)."""
@@ -532,17 +522,18 @@ def fill_with_ray(spec: dict, store: ActivationStore, jobs: list, fn: str, total
         while len(store.manifest["shards"]) in finished:
             ready = finished.pop(len(store.manifest["shards"]))
             n_truncated[0] += len(ready["truncated"])
-            commit_chunk(store, ready, ready.pop("truncated"))
+            store.commit_shard(ready, ready.pop("truncated"))
         return entry["n_rows"]
 
     def bar(n: int):
-        return progress_bar(total=total, initial=store.n_rows, desc=f"capture {spec['name']} on {n} Ray workers",
+        return progress_bar(total=len(rows), initial=store.n_rows, desc=f"capture {spec['name']} on {n} Ray workers",
                             unit="row", disable=not progress)
 
     try:
-        map_on_replicas(spec, identity, [(index, (str(store.path), index, begin, fn, kwargs))
-                                         for index, begin, kwargs in jobs], "shard", on_result, bar, workers,
-                        address, retries)
+        begins = range(store.n_rows, len(rows), shard_rows)
+        jobs = [(index, (str(store.path), index, begin, fn, {"chunk": rows[begin : begin + shard_rows], **settings}))
+                for index, begin in enumerate(begins, start=len(store.manifest["shards"]))]
+        map_on_replicas(spec, identity, jobs, "shard", on_result, bar, workers, address, retries)
     finally:
         warn_truncated(n_truncated[0], store.manifest.get("max_tokens"))
     store.drop_unlisted()  # the half-written temporaries of a worker that died
@@ -562,18 +553,6 @@ def _worker_result(ray, ref, key):
     except ray.exceptions.RayActorError as exc:
         raise WorkbenchError(f"the Ray worker running job {key} died and its retries ran out "
                              f"({type(exc).__name__}): what was stored is kept; run again to resume") from None
-
-
-def widths(tensors: dict, sites) -> dict:
-    """Each site's per-row shape, as the manifest's ``d`` records it."""
-    return {s: list(tensors[s].shape[1:]) for s in sites}
-
-
-def commit_chunk(store: ActivationStore, entry: dict, truncated: list[int]) -> None:
-    """List one written shard (with the sites' widths, recorded at the first one)."""
-    if store.manifest["d"] and next(iter(store.manifest["d"].values())) is None:
-        store.manifest["d"] = entry["d"]
-    store.commit_shard(entry, truncated)
 
 
 def warn_truncated(n_truncated: int, max_tokens: int) -> None:

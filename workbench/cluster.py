@@ -12,6 +12,8 @@ import socket
 
 from workbench.errors import WorkbenchError
 
+ENGINES = ("local", "ray")  # where study jobs and captures run: this process, or a Ray cluster
+
 
 def check_address(address: str | None, timeout_s: float = 3.0) -> None:
     """Refuse at once an address (``host:port`` or ``ray://host:port``) where nothing answers.

@@ -18,7 +18,6 @@ import errno
 import hashlib
 import json
 import os
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from workbench.errors import WorkbenchError
-from workbench.io import exclusive
+from workbench.io import exclusive, write_atomic
 
 MANIFEST = "manifest.json"
 FORMAT = "workbench.activations/1"
@@ -80,15 +79,14 @@ class Location:
         if self.remote:
             self.fs.pipe_file(self._key(name), data)
             return
-        tmp = self.path / f".{name}.{uuid.uuid4().hex[:12]}.tmp"
-        try:
+
+        def synced(tmp: Path) -> None:  # on disk before the rename, so a crash never lists a half-written shard
             with open(tmp, "wb") as fh:
                 fh.write(data)
                 fh.flush()
                 os.fsync(fh.fileno())
-            os.replace(tmp, self.path / name)
-        finally:
-            tmp.unlink(missing_ok=True)
+
+        write_atomic(self.path / name, synced)
 
     def head(self, name: str, n: int) -> bytes:
         """The first ``n`` bytes of a file (a range read on object stores)."""
@@ -258,14 +256,16 @@ class ActivationStore:
         payload = shard_payload(tensors, rows)
         self._write(name, payload)
         return {"file": name, "sha256": hashlib.sha256(payload).hexdigest(), "bytes": len(payload),
-                "n_rows": len(rows)}
+                "n_rows": len(rows), "d": {s: list(tensors[s].shape[1:]) for s in self.sites}}
 
     def commit_shard(self, entry: dict, truncated: list[int] = ()) -> None:
-        """List a written shard as the next rows in the manifest (replaced atomically); the driver's half."""
+        """List a written shard as the next rows in the manifest (replaced atomically); the driver's half. The first
+        one also records each site's per-row shape (``d``)."""
         first = self.n_rows
         if entry["file"] != shard_name(len(self.manifest["shards"])):
             raise WorkbenchError(f"shard {entry['file']} is committed out of order in {self.path}")
-        manifest = {**self.manifest,
+        widths = self.manifest["d"] if all(v is not None for v in self.manifest["d"].values()) else entry["d"]
+        manifest = {**self.manifest, "d": widths,
                     "shards": [*self.manifest["shards"], {"file": entry["file"], "rows": [first, first + entry["n_rows"]],
                                                           "sha256": entry["sha256"], "bytes": entry["bytes"]}],
                     "truncated_rows": [*self.manifest["truncated_rows"], *(first + i for i in truncated)]}

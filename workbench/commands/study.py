@@ -32,12 +32,12 @@ import logging
 import traceback
 from pathlib import Path
 
+from workbench.cluster import ENGINES
 from workbench.errors import WorkbenchError
 from workbench.io import write_csv_atomic, write_json_atomic
 from workbench.paths import safe_name
 
 log = logging.getLogger(__name__)
-ENGINES = ("local", "ray")
 
 
 def load_config(path: str | Path, quick: bool = False) -> dict:

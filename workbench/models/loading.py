@@ -264,7 +264,7 @@ def _load_gguf(spec: ModelSpec, gguf: Path, dtype):
 
     def build(tmp: Path) -> None:
         log.info("dequantizing %s (first load; cached afterwards in %s)", gguf, folder)
-        _write_cache(tmp, _dequantize(spec, gguf), {"weights_sha256": file_sha256(gguf), "gguf": str(gguf),
+        _write_cache(tmp, _dequantize(spec), {"weights_sha256": file_sha256(gguf), "gguf": str(gguf),
                                                     "spec": spec.name})
         loaded["built"] = True
 
@@ -305,7 +305,7 @@ def gguf_cache_folder(spec: ModelSpec, gguf: Path) -> Path:
     return cache_dir("models") / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
-def _dequantize(spec: ModelSpec, gguf: Path):
+def _dequantize(spec: ModelSpec):
     """The GGUF's model as a float32 ``HookedTransformer`` (transformers dequantizes it, TransformerLens converts)."""
     import torch
 

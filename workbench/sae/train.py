@@ -84,12 +84,9 @@ def collect_activations(model, sites: list[str], out: str | Path, n_tokens: int,
     }
     with ActivationStore.writing(out, header, overwrite=overwrite, wait=True) as store:  # the next writer resumes
         if spec is not None:
-            begins = range(store.n_rows, len(blocks), shard_blocks)
-            jobs = [(len(store.manifest["shards"]) + k, b, {"chunk": blocks[b : b + shard_blocks], "sites": sites,
-                                                              "store_dtype": store_dtype, "batch_size": batch_size})
-                    for k, b in enumerate(begins)]
-            return fill_with_ray(spec, store, jobs, "workbench.sae.train:block_shard", len(blocks), progress, workers,
-                                 address, 2)
+            settings = {"sites": sites, "store_dtype": store_dtype, "batch_size": batch_size}
+            return fill_with_ray(spec, store, blocks, shard_blocks, "workbench.sae.train:block_shard", settings,
+                                 progress, workers, address, 2)
         return _collect(model, sites, blocks, store, store_dtype, batch_size, shard_blocks,
                         time_budget_s, progress)
 
@@ -123,8 +120,6 @@ def _collect(model, sites, blocks, store, store_dtype, batch_size, shard_blocks,
                 return store
             tensors, rows, _ = block_shard(model, blocks[begin : begin + shard_blocks], begin, sites, store_dtype,
                                            batch_size, bar)
-            if store.manifest["d"][sites[0]] is None:
-                store.manifest["d"] = {s: list(tensors[s].shape[1:]) for s in sites}
             store.append_shard(tensors, rows)
     finally:
         bar.close()
