@@ -29,9 +29,9 @@ import torch
 import torch.nn.functional as F
 from workbench.kernels import attention as ka
 
+from workbench.models.kv_cache import new_cache
 from workbench.report import versions
 from workbench.tools import sparse_attention as sa
-from workbench.tools.decoding import new_cache
 
 
 def model_qkv(model_name: str, layer: int, n: int, chunk: int = 512):

@@ -3,6 +3,7 @@ and generation and sparse-attention decoding both run through it."""
 
 import torch
 
+from workbench.models.kv_cache import new_cache
 from workbench.tools import decoding
 from workbench.tools import sparse_attention as sa
 from workbench.tools.generate import generate, prompt_ids
@@ -26,7 +27,7 @@ def loop_greedy(model, ids, steps, chunk=None):
         out.append(int(logits[0].argmax()))
         return None if step + 1 == steps else torch.tensor([[out[-1]]])
 
-    decoding.decode_loop(model, decoding.new_cache(model, 1), torch.tensor([ids]), choose, chunk=chunk)
+    decoding.decode_loop(model, new_cache(model, 1), torch.tensor([ids]), choose, chunk=chunk)
     return out
 
 
@@ -41,8 +42,8 @@ def test_loop_greedy_equals_full_forward_greedy(tiny):
 def test_chunked_prefill_equals_one_pass(tiny):
     tokens = torch.tensor([prompt_ids(tiny, "one two three four five six seven eight nine ten")] * 2)
     with torch.inference_mode():
-        whole = decoding.prefill(tiny, tokens, decoding.new_cache(tiny, 2))
-        chunked = decoding.prefill(tiny, tokens, decoding.new_cache(tiny, 2), chunk=4)
+        whole = decoding.prefill(tiny, tokens, new_cache(tiny, 2))
+        chunked = decoding.prefill(tiny, tokens, new_cache(tiny, 2), chunk=4)
         dense = tiny(tokens)[:, -1].float()
     assert torch.allclose(whole, dense, atol=1e-4) and torch.allclose(chunked, dense, atol=1e-4)
 

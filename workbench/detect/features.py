@@ -189,6 +189,7 @@ def _pooled(model, records, layers, max_tokens, batch_size, chat, progress, with
 
     from workbench.capture import StopForward, forward_until_stopped, pad_batch, span_masks
     from workbench.cluster import current_engine
+    from workbench.models.kv_cache import batch_order
     from workbench.progress import progress_bar
 
     if current_engine()["engine"] == "ray" and not presorted:
@@ -206,7 +207,7 @@ def _pooled(model, records, layers, max_tokens, batch_size, chat, progress, with
         d = model.cfg.d_model
         out["doc_tokens"] = np.zeros((len(records), len(layers), sample, d + 2), dtype=np.float32)
         inserted = _inserted_masks(records, shown, offsets)
-    order = np.arange(len(ids)) if presorted else np.argsort([len(i) for i in ids])  # similar lengths together
+    order = np.arange(len(ids)) if presorted else np.array(batch_order(ids))  # shared prefixes, similar lengths
     bar = progress_bar(total=len(records), desc="features", unit="prompt", disable=not progress, leave=False)
     for start in range(0, len(order), batch_size):
         rows = order[start: start + batch_size].tolist()
@@ -233,7 +234,7 @@ def _pooled(model, records, layers, max_tokens, batch_size, chat, progress, with
                 raise StopForward
 
         with torch.inference_mode():
-            forward_until_stopped(model, tokens, [(s, hook) for s in dict.fromkeys(sites)])
+            forward_until_stopped(model, tokens, [(s, hook) for s in dict.fromkeys(sites)], lengths.tolist())
         for i, site in enumerate(sites):
             for v in views:
                 out[v][rows, i] = got[f"{site}:{v}"].cpu().numpy()
@@ -258,13 +259,14 @@ def _pooled_on_ray(model, records, layers, max_tokens, batch_size, chat, progres
     """``_pooled`` with its batches (the same ones, in the same order) spread over Ray model replicas."""
     from workbench.capture import map_on_replicas, replica_spec, store_model_identity
     from workbench.cluster import current_engine
+    from workbench.models.kv_cache import batch_order
     from workbench.progress import progress_bar
 
     engine = current_engine()
     spec = replica_spec(model, "ray", engine["workers"], 2, "", engine["address"])
     sites = [f"blocks.{L}.hook_resid_post" for L in layers]
     _, ids, _, _ = shown_tokens(model, records, max_tokens, chat)
-    order = np.argsort([len(i) for i in ids])  # as _pooled orders them: the batches are its batches
+    order = np.array(batch_order(ids))  # as _pooled orders them: the batches are its batches
     step = batch_size * batches_per_job
     slices = [order[at : at + step] for at in range(0, len(order), step)]
     settings = dict(layers=layers, max_tokens=max_tokens, batch_size=batch_size, chat=chat, progress=False,

@@ -16,15 +16,6 @@ import torch
 Choose = Callable[[int, torch.Tensor], torch.Tensor | None]
 
 
-def new_cache(model, batch: int):
-    """An empty KV cache for ``batch`` sequences (the class moved between TransformerLens versions)."""
-    try:
-        from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache as Cache
-    except ImportError:  # older TransformerLens
-        from transformer_lens.past_key_value_caching import HookedTransformerKeyValueCache as Cache
-    return Cache.init_cache(model.cfg, model.cfg.device, batch)
-
-
 def prefill(model, tokens: torch.Tensor, cache, chunk: int | None = None) -> torch.Tensor:
     """Run ``tokens [b, n]`` into ``cache``, ``chunk`` positions per forward (None: one forward).
 

@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from workbench.errors import WorkbenchError
-from workbench.tools.decoding import decode_loop, new_cache
+from workbench.models.kv_cache import new_cache
+from workbench.tools.decoding import decode_loop
 
 Hook = tuple[str, Callable]
 Reward = Callable[[str, str], float]

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 import torch
 
 from workbench.errors import WorkbenchError
-from workbench.tools.decoding import decode_loop, new_cache
+from workbench.models.kv_cache import new_cache
+from workbench.tools.decoding import decode_loop
 from workbench.tools.sparse_attention.hooks import (
     StepMetrics,
     group_mass,
