@@ -157,6 +157,33 @@ def bench_roofline(model_name: str, n_prompts: int, batch_size: int) -> dict:
     return out
 
 
+def bench_shared_prefix(model_name: str, n_prompts: int, batch_size: int, dtype: str = "bfloat16") -> dict:
+    """Capture of prompts that share a long prefix (a ~700-token held-out document read before each row's own
+    question, as an agent's tool manual or a RAG context is), prefixes computed once vs every prompt whole."""
+    from workbench.capture import capture, resid_sites, tokenize
+    from workbench.data.corpus import documents
+    from workbench.models import format_chat, load_model
+
+    model = load_model(model_name, device="cpu", dtype=dtype)
+    manual = next(d for d in documents("heldout") if len(d) > 3500)[:3000]
+    prompts = [{"text": format_chat(model, f"{manual}\n\nQuestion {i}: what does the text above say about "
+                                           f"item {i * 37 % 101}? Answer in one line."), "label": i % 2}
+               for i in range(n_prompts)]
+    lengths = [len(ids) for ids in tokenize(model, [p["text"] for p in prompts], model.cfg.n_ctx)[0]]
+    with tempfile.TemporaryDirectory() as warm:
+        capture(model, prompts[:batch_size], resid_sites(model), warm, batch_size=batch_size, progress=False)
+    out = {"dtype": dtype, "n_prompts": n_prompts, "mean_prompt_tokens": sum(lengths) / len(lengths)}
+    for shared in ("1", "0"):
+        os.environ[SHARED_PREFIX] = shared
+        with tempfile.TemporaryDirectory() as folder:
+            seconds = _seconds(lambda folder=folder: capture(model, prompts, resid_sites(model), folder,
+                                                              batch_size=batch_size, progress=False))
+        os.environ.pop(SHARED_PREFIX)
+        out["prefixes" if shared == "1" else "whole"] = {"seconds": seconds, "tokens_per_second": sum(lengths) / seconds}
+    out["speedup"] = out["whole"]["seconds"] / out["prefixes"]["seconds"]
+    return out
+
+
 def bench_memory(model_name: str, sizes: list[int]) -> dict:
     out = {}
     for n in sizes:
@@ -217,8 +244,12 @@ def main() -> None:
     # memory is always 1k vs 10k short prompts over three early layers (cheap); --quick shrinks throughput
     n_prompts, sizes = (32 if args.quick else 128), [1000, 10000]
     roofline = bench_roofline(args.model, n_prompts, batch_size=8)
+    roofline["long_shared_prefix"] = long = bench_shared_prefix(args.model, n_prompts // 2, batch_size=8)
     for dtype in ("float32", "bfloat16"):
-        print(f"shared prefixes in {dtype}: {roofline[f'shared_prefix_speedup_{dtype}']:.2f}x whole prompts' speed")
+        print(f"chat twins, prefixes where they pay, {dtype}: {roofline[f'shared_prefix_speedup_{dtype}']:.2f}x "
+              "the speed of whole prompts")
+    print(f"a shared {long['mean_prompt_tokens']:.0f}-token prompt ({long['dtype']}): prefixes computed once "
+          f"{long['speedup']:.2f}x the speed of whole prompts")
     for dtype, r in roofline["by_dtype"].items():
         print(f"roofline {dtype}: capture {r['capture_gflops']:.0f} GFLOP/s ({r['tokens_per_second']:.0f} tokens/s) "
               f"= {r['fraction_of_own_gemm']:.0%} of its GEMM rate ({r['gemm_gflops']:.0f} GFLOP/s), "

@@ -5,7 +5,7 @@ import torch
 
 from workbench.capture import StopForward, chunk_shard, forward_until_stopped
 from workbench.errors import WorkbenchError
-from workbench.models import load_model
+from workbench.models import kv_cache, load_model
 from workbench.models.fused_attention import SWITCH as FUSED
 from workbench.models.kv_cache import (
     SWITCH,
@@ -16,6 +16,12 @@ from workbench.models.kv_cache import (
     serves,
 )
 from workbench.models.tiny import tiny_model
+
+
+@pytest.fixture(autouse=True)
+def always_on_prefixes(monkeypatch):
+    """Every batch that can run on prefixes does, paying or not (``test_only_where_it_pays`` tests the gate)."""
+    monkeypatch.setattr(kv_cache, "PAYS", 100.0)
 
 
 def _rows(pairs: int = 3, head: int = 12, seed: int = 0) -> list[list[int]]:
@@ -61,17 +67,15 @@ def test_common_prefix_length_groups_and_order():
     assert common_prefix_length([[7, 1], [8, 1]]) == 0
     assert common_prefix_length([]) == 0
     rows = _rows()
-    shuffled = [rows[i] for i in (3, 0, 5, 2, 4, 1)]
-    order = batch_order(shuffled)
-    assert sorted(order) == list(range(6))
-    pairs = [frozenset(order[k : k + 2]) for k in (0, 2, 4)]
-    assert set(pairs) == {frozenset({1, 5}), frozenset({3, 0}), frozenset({2, 4})}  # twins side by side
-    lone = [[5] * n for n in (9, 3, 7)]  # nothing shared beyond the whole set's prefix: shortest first
-    assert batch_order([[1] + r for r in lone]) == [1, 2, 0]
+    assert batch_order([[5] * 9, [5] * 3, [4] * 9, [5] * 7]) == [1, 3, 2, 0]  # shortest first, then by tokens
     group_of, lengths = prefix_groups(rows)
-    assert group_of == [0, 0, 1, 1, 2, 2] and lengths == [18, 23, 28]
+    assert len(set(group_of)) == 3 and all(group_of[2 * k] == group_of[2 * k + 1] for k in range(3))
+    assert sorted(lengths) == [18, 23, 28]
+    shuffled = [rows[i] for i in (3, 0, 5, 2, 4, 1)]  # twins found wherever they sit in the batch
+    group_of, _ = prefix_groups(shuffled)
+    assert group_of[0] == group_of[3] and group_of[1] == group_of[5] and group_of[2] == group_of[4]
     group_of, lengths = prefix_groups(rows[:1] + rows[2:4])  # a lone row gets what the whole batch shares
-    assert group_of == [0, 1, 1] and lengths == [12, 23]
+    assert group_of[1] == group_of[2] != group_of[0] and lengths[group_of[0]] == 12 and lengths[group_of[1]] == 23
 
 
 @pytest.mark.parametrize("fused", ["1", "0"])
@@ -182,3 +186,15 @@ def test_embedded_default_chat_twins(smollm2):
     for i, r in enumerate(ids):
         a, b = reused[i, : len(r)], full[i, : len(r)]
         assert ((a - b).norm() / b.norm()).item() < 1e-5
+
+
+def test_only_where_it_pays(monkeypatch):
+    """A batch runs on prefixes only where both passes hold at most PAYS of the whole batch's padded tokens."""
+    monkeypatch.setattr(kv_cache, "PAYS", 0.6)
+    model = load_model("tiny", device="cpu")
+    twins = _rows()  # 12 + 6..16 shared of 20..41 tokens, lengths varied: a second pass would not pay
+    site = [("blocks.0.hook_resid_post", lambda a, hook: None)]
+    with torch.inference_mode():
+        assert not forward_on_prefixes(model, _pad(twins), [len(r) for r in twins], site, StopForward)
+        long = [list(range(200)) + [7] * (1 + i % 3) for i in range(6)]  # a long prefix every row shares
+        assert forward_on_prefixes(model, _pad(long), [len(r) for r in long], site, StopForward)

@@ -5,6 +5,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from tests.cli_harness import assert_refused
 from workbench.cli import app
 from workbench.commands.study import expand, load_config, results_table, run_study, write_results
 from workbench.errors import WorkbenchError
@@ -74,6 +75,21 @@ def test_cli_study_run(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert "1/1 jobs done" in result.output
     assert json.loads((tmp_path / "r" / "results.json").read_text())["rows"][0]["noise"] == 0.1
+
+
+def test_only_runs_the_matching_jobs_under_their_ids(tmp_path):
+    CALLS.clear()
+    config = write_config(tmp_path, {"n": [2, 4], "tag": ["a", "b"]}, job="tests.test_study:flaky")
+    some = run_study(config, cache=tmp_path / "jobs", progress=False, only=["n=4", "tag=b"])
+    assert [(j["params"]["n"], j["params"]["tag"]) for j in some["jobs"]] == [(4, "b")] and CALLS == [4]
+    run_study(config, cache=tmp_path / "jobs", progress=False)
+    assert sorted(CALLS) == [2, 2, 4, 4]  # the whole run reused the (4, b) job: 3 new jobs
+    for only, message in [(["n"], "write KEY=VALUE"), (["model=x"], "has no parameter 'model'|no job of"),
+                          (["n=5"], r"no job of .* has n=5 \(values: \['2', '4'\]\)")]:
+        with pytest.raises(WorkbenchError, match=message):
+            run_study(config, cache=tmp_path / "jobs", progress=False, only=only)
+    assert_refused(["study", "run", config, "--only", "n=7", "--out", tmp_path / "r"], "no job of",
+                   watch=[tmp_path])
 
 
 def marker_report(outcome, out):

@@ -684,6 +684,9 @@ def study_run(
     retries: Annotated[int, typer.Option(help="retries of a failed job before it is reported")] = 1,
     out: Annotated[Path | None, typer.Option(help="results folder (default: results/ beside the config)")] = None,
     quick: Annotated[bool, typer.Option(help="apply the config's `quick` overrides (minutes, not hours)")] = False,
+    only: Annotated[list[str] | None, typer.Option(
+        help="run just the jobs whose parameter KEY is VALUE (KEY=VALUE, repeatable), e.g. model=gemma3-270m; "
+             "write their results to their own --out")] = None,
     as_json: JsonOpt = False,
 ):
     """Run every job of a study not already cached; write results.csv, results.json and the study's figures."""
@@ -692,7 +695,7 @@ def study_run(
     out = out or Path(config).parent / "results"
     if out.exists() and not out.is_dir():  # found now, not after hours of jobs
         raise WorkbenchError(f"--out {out} is a file: give a folder for the results")
-    outcome = run_study(config, engine=engine, address=address, retries=retries, quick=quick)
+    outcome = run_study(config, engine=engine, address=address, retries=retries, quick=quick, only=only)
     folder = write_results(outcome, out)
     done = len(outcome["jobs"]) - len(outcome["failed"])
     if as_json:

@@ -165,8 +165,12 @@ def run_study(
     cache: str | Path | None = None,
     progress: bool = True,
     quick: bool = False,
+    only: list[str] | None = None,
 ) -> dict:
-    """Run every job of the study not already cached; returns {"jobs": [...], "failed": [...], "config": ...}."""
+    """Run every job of the study not already cached; returns {"jobs": [...], "failed": [...], "config": ...}.
+
+    ``only``: ``KEY=VALUE`` filters; just the jobs whose parameter KEY is VALUE (as text) run and are returned,
+    under the same ids as in a whole run, so a later whole run reuses them."""
     from workbench.paths import cache_dir
     from workbench.progress import progress_bar
 
@@ -178,7 +182,7 @@ def run_study(
     resolve_job(config["job"])  # fail before starting anything
     if config.get("report"):
         resolve_job(config["report"])
-    jobs = expand(config)
+    jobs = select_jobs(expand(config), only or [], config_path)
     folder = Path(cache) if cache else cache_dir("studies", config["name"], "jobs")
     folder.mkdir(parents=True, exist_ok=True)
     records: dict[str, dict] = {}
@@ -212,6 +216,24 @@ def run_study(
     ordered = [records[job_id(key)] for key in keys]
     return {"name": config["name"], "config": config, "jobs": ordered,
             "failed": [r for r in ordered if r["status"] != "done"]}
+
+
+def select_jobs(jobs: list[dict], only: list[str], where) -> list[dict]:
+    """The jobs matching every ``KEY=VALUE`` of ``only`` (values compared as text); refused when one is malformed,
+    names no parameter, or leaves no job."""
+    for spec in only:
+        key, sep, value = spec.partition("=")
+        if not sep or not key:
+            raise WorkbenchError(f"--only {spec!r}: write KEY=VALUE, e.g. --only model=gemma3-270m")
+        if not any(key in job for job in jobs):
+            names = sorted({k for job in jobs for k in job})
+            raise WorkbenchError(f"--only {spec!r}: no job of {where} has a parameter {key!r} (it has {names})")
+        kept = [job for job in jobs if key in job and str(job[key]) == value]
+        if not kept:
+            seen = sorted({str(job.get(key)) for job in jobs})
+            raise WorkbenchError(f"--only {spec!r}: no job of {where} has {key}={value} (values: {seen})")
+        jobs = kept
+    return jobs
 
 
 def _cached(path: Path, key: dict) -> dict | None:

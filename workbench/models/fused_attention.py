@@ -61,10 +61,10 @@ def _fused_forward(self, query_input, key_input, value_input, past_kv_cache_entr
     if offset or padded or (self.attn_type == "local" and n > self.cfg.window_size):
         mask = self._make_causal_mask(query_ctx_length=n, key_ctx_length=offset + n, past_kv_pos_offset=offset,
                                       device=query_input.device)
-        if padded:
-            mask = mask & attention_mask.to(mask.device).bool()[:, None, None, :]
-    if (additive_attention_mask is not None or position_bias is not None or torch.is_grad_enabled()
-            or (padded and not bool(mask.any(-1).all()))):  # a query that sees no key: TransformerLens's own rule
+        if padded:  # a pad sees only itself (so no row is empty); nothing real ever sees a pad
+            own = torch.arange(n, device=mask.device)[:, None] + offset == torch.arange(offset + n, device=mask.device)
+            mask = (mask & attention_mask.to(mask.device).bool()[:, None, None, :]) | own
+    if additive_attention_mask is not None or position_bias is not None or torch.is_grad_enabled():
         return type(self).forward(self, query_input, key_input, value_input, past_kv_cache_entry,
                                   additive_attention_mask, attention_mask, position_bias)
     q, k, v = self.calculate_qkv_matrices(query_input, key_input, value_input)  # hook_q/k/v, qk-norm

@@ -1,15 +1,16 @@
 """KV caches: the empty cache decoding starts from, and prompt prefixes computed once for the rows that share them.
 
 Prompts read through a chat template begin with the same tokens (the template's system turn, often a task
-instruction), and a clean/injected pair shares everything before the insertion, about half of each prompt. A
-capture or a detector's features pass recomputed all of it for every row. ``forward_on_prefixes`` runs a batch in
-two passes: one row per group of rows sharing a prefix (``prefix_groups``) fills a TransformerLens key/value cache,
-and then only each row's own tokens run on top of its group's cached keys (masked to its own prefix, rotated at
-its own positions). Every hook still sees the whole ``[batch, pos, ...]`` activation, the prefix's positions
-gathered from the first pass. Attention over cached keys is the same math as over recomputed ones, so results
-equal a full pass up to floating-point rounding (tested). ``batch_order`` keeps rows that share a prefix in one
-batch. Only read-only hooks at per-position sites (the residual stream, attention and MLP outputs, embeddings)
-can run this way; anything else runs the full pass.
+instruction, sometimes a long system prompt or document), and a clean/injected pair shares everything before the
+insertion. ``forward_on_prefixes`` runs a batch in two passes: one row per group of rows sharing a prefix
+(``prefix_groups``) fills a TransformerLens key/value cache, and then only each row's own tokens run on top of its
+group's cached keys (masked to its own prefix, rotated at its own positions). Every hook still sees the whole
+``[batch, pos, ...]`` activation, the prefix's positions gathered from the first pass. Attention over cached keys
+is the same math as over recomputed ones, so results equal a full pass up to floating-point rounding (tested).
+A batch runs this way only where it pays: both passes together must hold at most ``PAYS`` of the whole batch's
+padded tokens (a long prompt prefix shared by every row does; the 24-token chat turn of ~230-token prompts, or
+twins whose insertion points vary, do not). Only read-only hooks at per-position sites (the residual stream,
+attention and MLP outputs, embeddings) can run this way; anything else runs the full pass.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ POSITION_SITES = re.compile(r"^(hook_embed|hook_pos_embed|ln_final\.hook_normali
                             r"blocks\.\d+\.hook_(resid_pre|resid_mid|resid_post|attn_out|mlp_out))$")
 SWITCH = "WORKBENCH_SHARED_PREFIX"  # "0": every row computes its whole prompt (for parity checks)
 MIN_PREFIX = 4  # a group shares at least this many tokens beyond what the whole batch shares
+# Two passes cost more per token than one (smaller GEMMs, masks, the gathers): on 2 CPU cores a batch of twins run
+# on prefixes took 1.28x the time of the whole batch for 1.08x its padded tokens (bfloat16, SmolLM2). Prefixes are
+# used where both passes together hold at most this fraction of the whole batch's padded tokens.
+PAYS = 0.6
 
 
 def new_cache(model, batch: int):
@@ -75,21 +80,24 @@ def _runs(rows: Sequence[Sequence[int]], order: Sequence[int]) -> list[list[int]
 
 
 def batch_order(rows: Sequence[Sequence[int]]) -> list[int]:
-    """The order to batch token ``rows`` in: rows sharing a prefix together (twins, a task's prompts), groups by
-    length so a batch pads little. Without shared prefixes it is shortest first."""
-    lexical = sorted(range(len(rows)), key=lambda i: rows[i])
-    groups = sorted(_runs(rows, lexical), key=lambda g: (max(len(rows[i]) for i in g), g[0]))
-    return [i for g in groups for i in sorted(g, key=lambda i: (len(rows[i]), i))]
+    """The order to batch token ``rows`` in: shortest first (a batch pads little), rows of equal length by their
+    tokens (so equal-length rows sharing a prefix sit together). Every caller that must reproduce another's batches
+    (a Ray worker's slice) uses this one order."""
+    return sorted(range(len(rows)), key=lambda i: (len(rows[i]), rows[i]))
 
 
 def prefix_groups(rows: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
-    """For the rows of one batch (in ``batch_order``): each row's group and each group's prefix length (what its
-    rows share, leaving each a token of its own; a lone row gets what the whole batch shares)."""
+    """For the rows of one batch: each row's group and each group's prefix length. Rows sharing at least
+    ``MIN_PREFIX`` tokens more than the whole batch does form a group of their own (what they share, leaving each a
+    token of its own); the other rows form one group sharing what the whole batch shares."""
     common = common_prefix_length(rows)
+    runs = _runs(rows, sorted(range(len(rows)), key=lambda i: rows[i]))
+    lone = [i for run in runs if len(run) == 1 for i in run]
+    groups = [run for run in runs if len(run) > 1] + ([lone] if lone else [])
     group_of, lengths = [0] * len(rows), []
-    for g, run in enumerate(_runs(rows, list(range(len(rows))))):
-        lengths.append(common_prefix_length([rows[i] for i in run]) if len(run) > 1 else common)
-        for i in run:
+    for g, members in enumerate(groups):
+        lengths.append(common if members is lone else common_prefix_length([rows[i] for i in members]))
+        for i in members:
             group_of[i] = g
     return group_of, lengths
 
@@ -119,10 +127,10 @@ def forward_on_prefixes(model, tokens: torch.Tensor, lengths: Sequence[int], fwd
 
     rows = [tokens[i, : int(n)].tolist() for i, n in enumerate(lengths)]
     group_of, prefix = prefix_groups(rows)
-    sizes = [group_of.count(k) for k in range(len(prefix))]
-    if min(prefix) < 1 or sum((m - 1) * n for m, n in zip(sizes, prefix, strict=True)) < MIN_PREFIX:
-        return False  # a row whose group shares nothing, or too little shared to pay for a second pass
     rest_width = max(int(n) - prefix[k] for n, k in zip(lengths, group_of, strict=True))
+    padded_tokens = len(prefix) * max(prefix) + len(rows) * rest_width  # both passes, pads included
+    if min(prefix) < 1 or padded_tokens > PAYS * len(rows) * max(len(r) for r in rows):
+        return False  # a row whose group shares nothing, or too little shared to pay for a second pass
     table = getattr(getattr(model.blocks[0], "attn", None), "rotary_cos", None)
     if table is not None and max(prefix) + rest_width > table.shape[0]:
         return False  # cache slots past the rotary table would make TransformerLens rebuild it (in float32)
