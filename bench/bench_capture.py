@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
-SHARED_PREFIX = "WORKBENCH_SHARED_PREFIX"
 
 MEMORY_SCRIPT = """
 import resource, sys, tempfile
@@ -117,11 +116,31 @@ def forward_flops(model, lengths: list[int]) -> float:
     return 2.0 * weights * sum(lengths) + attention
 
 
+def _capture_seconds(model, prompts: list[dict], batch_size: int) -> dict:
+    """Seconds of a capture of ``prompts`` at every layer after a warm-up, with prompt prefixes computed once where
+    they pay (the default, ``models.kv_cache``) and with every prompt whole, in the same run."""
+    from workbench.capture import capture, resid_sites
+    from workbench.models.kv_cache import SWITCH
+
+    with tempfile.TemporaryDirectory() as warm:
+        capture(model, prompts[:batch_size], resid_sites(model), warm, batch_size=batch_size, progress=False)
+    seconds = {}
+    for mode, value in (("prefixes", "1"), ("whole", "0")):
+        os.environ[SWITCH] = value
+        try:
+            with tempfile.TemporaryDirectory() as folder:
+                seconds[mode] = _seconds(lambda folder=folder: capture(model, prompts, resid_sites(model), folder,
+                                                                        batch_size=batch_size, progress=False))
+        finally:
+            os.environ.pop(SWITCH)
+    return seconds
+
+
 def bench_roofline(model_name: str, n_prompts: int, batch_size: int) -> dict:
     """Capture's achieved FLOP/s per dtype against the GEMM rate of a layer's MLP shape in the same run."""
     import torch
 
-    from workbench.capture import capture, resid_sites, tokenize
+    from workbench.capture import tokenize
     from workbench.conditions.injection import generate_injection_pairs
     from workbench.models import format_chat, load_model
 
@@ -134,19 +153,13 @@ def bench_roofline(model_name: str, n_prompts: int, batch_size: int) -> dict:
         lengths = [len(ids) for ids in tokenize(model, [p["text"] for p in prompts], model.cfg.n_ctx)[0]]
         mean_len = round(sum(lengths) / len(lengths))
         rate = gemm_rate(batch_size * mean_len, model.cfg.d_model, model.cfg.d_mlp, getattr(torch, dtype))
-        with tempfile.TemporaryDirectory() as warm:
-            capture(model, prompts[:batch_size], resid_sites(model), warm, batch_size=batch_size, progress=False)
-        for shared in ("1", "0"):  # prefixes computed once (the default) vs every prompt whole, in the same run
-            os.environ[SHARED_PREFIX] = shared
-            with tempfile.TemporaryDirectory() as folder:
-                started = time.perf_counter()
-                capture(model, prompts, resid_sites(model), folder, batch_size=batch_size, progress=False)
-                seconds = time.perf_counter() - started
-            os.environ.pop(SHARED_PREFIX)
-            achieved = forward_flops(model, lengths) / seconds / 1e9
-            out["by_dtype"][dtype + ("" if shared == "1" else ", whole prompts")] = {
+        seconds = _capture_seconds(model, prompts, batch_size)
+        for mode, label in (("prefixes", dtype), ("whole", f"{dtype}, whole prompts")):
+            achieved = forward_flops(model, lengths) / seconds[mode] / 1e9
+            out["by_dtype"][label] = {
                 "gemm_gflops": rate, "capture_gflops": achieved, "fraction_of_own_gemm": achieved / rate,
-                "tokens_per_second": sum(lengths) / seconds, "seconds": seconds, "mean_prompt_tokens": mean_len}
+                "tokens_per_second": sum(lengths) / seconds[mode], "seconds": seconds[mode],
+                "mean_prompt_tokens": mean_len}
     best = max(v["gemm_gflops"] for v in out["by_dtype"].values())
     for v in out["by_dtype"].values():
         v["fraction_of_best_gemm"] = v["capture_gflops"] / best
@@ -158,9 +171,9 @@ def bench_roofline(model_name: str, n_prompts: int, batch_size: int) -> dict:
 
 
 def bench_shared_prefix(model_name: str, n_prompts: int, batch_size: int, dtype: str = "bfloat16") -> dict:
-    """Capture of prompts that share a long prefix (a ~700-token held-out document read before each row's own
+    """Capture of prompts that share a long prefix (a 3,000-character held-out document read before each row's own
     question, as an agent's tool manual or a RAG context is), prefixes computed once vs every prompt whole."""
-    from workbench.capture import capture, resid_sites, tokenize
+    from workbench.capture import tokenize
     from workbench.data.corpus import documents
     from workbench.models import format_chat, load_model
 
@@ -170,16 +183,10 @@ def bench_shared_prefix(model_name: str, n_prompts: int, batch_size: int, dtype:
                                            f"item {i * 37 % 101}? Answer in one line."), "label": i % 2}
                for i in range(n_prompts)]
     lengths = [len(ids) for ids in tokenize(model, [p["text"] for p in prompts], model.cfg.n_ctx)[0]]
-    with tempfile.TemporaryDirectory() as warm:
-        capture(model, prompts[:batch_size], resid_sites(model), warm, batch_size=batch_size, progress=False)
+    seconds = _capture_seconds(model, prompts, batch_size)
     out = {"dtype": dtype, "n_prompts": n_prompts, "mean_prompt_tokens": sum(lengths) / len(lengths)}
-    for shared in ("1", "0"):
-        os.environ[SHARED_PREFIX] = shared
-        with tempfile.TemporaryDirectory() as folder:
-            seconds = _seconds(lambda folder=folder: capture(model, prompts, resid_sites(model), folder,
-                                                              batch_size=batch_size, progress=False))
-        os.environ.pop(SHARED_PREFIX)
-        out["prefixes" if shared == "1" else "whole"] = {"seconds": seconds, "tokens_per_second": sum(lengths) / seconds}
+    for mode in ("prefixes", "whole"):
+        out[mode] = {"seconds": seconds[mode], "tokens_per_second": sum(lengths) / seconds[mode]}
     out["speedup"] = out["whole"]["seconds"] / out["prefixes"]["seconds"]
     return out
 

@@ -572,11 +572,10 @@ def chunk_shard(model, chunk, begin, sites, positions, batch_size, max_tokens, s
                 parse_special=False, bar=None) -> tuple[dict, list[dict], list[int]]:
     """One shard's tensors for the prompts ``chunk`` (rows ``begin`` onwards), its rows, and which were truncated.
 
-    The chunk's prompts run grouped by the prefixes they share (a chat template's system turn, the text of a pair
-    before its insertion: computed once per batch, ``models.kv_cache``), groups shortest first, so a batch pads to
-    a similar length (the probe's prompts in file order padded 36% more tokens than they hold; sorted within 1,024
-    rows, 0.6%). Their rows are written back in file order: the store, its resume and its workers do not see the
-    order they ran in.
+    The chunk's prompts run shortest first (``models.kv_cache.batch_order``), so a batch pads to a similar length
+    (the probe's prompts in file order padded 36% more tokens than they hold; sorted within 1,024 rows, 0.6%); a
+    prefix a batch's prompts share is computed once where that pays (``forward_until_stopped``). Their rows are
+    written back in file order: the store, its resume and its workers do not see the order they ran in.
     """
     import torch
 

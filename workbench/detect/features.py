@@ -207,7 +207,7 @@ def _pooled(model, records, layers, max_tokens, batch_size, chat, progress, with
         d = model.cfg.d_model
         out["doc_tokens"] = np.zeros((len(records), len(layers), sample, d + 2), dtype=np.float32)
         inserted = _inserted_masks(records, shown, offsets)
-    order = np.arange(len(ids)) if presorted else np.array(batch_order(ids))  # shared prefixes, similar lengths
+    order = np.arange(len(ids)) if presorted else np.array(batch_order(ids))  # similar lengths together
     bar = progress_bar(total=len(records), desc="features", unit="prompt", disable=not progress, leave=False)
     for start in range(0, len(order), batch_size):
         rows = order[start: start + batch_size].tolist()

@@ -7,9 +7,9 @@ those tensors, so inside ``fused_attention`` each supported attention layer runs
 ``torch.nn.functional.scaled_dot_product_attention`` between TransformerLens's own q/k/v (with their hooks and
 rotary embedding) and its own output projection (``hook_z`` still fires). A KV cache (decoding, a shared
 prefix) is read the way TransformerLens reads it: cached keys first, every key rotated at its own position.
-Padding masks become the kernel's mask. Everything TransformerLens does that the fused kernel does not (ALiBi, soft-capping, attention
-sinks, ...) falls back to its own forward, as does any pass that hooks the scores, the pattern
-or the per-head result, or computes gradients.
+Padding masks become the kernel's mask. Everything TransformerLens does that the fused kernel does not (ALiBi,
+soft-capping, attention sinks, ...) falls back to its own forward, as does any pass that hooks the scores, the
+pattern or the per-head result, or computes gradients.
 Results equal TransformerLens's up to floating-point rounding (tested in float32: within 1e-5 relative; in
 bfloat16 both round differently, and the detectors' AUCs moved by at most 0.005). Hand-timed forwards on 2 cores
 ran 1.2x (float32) to 1.4x (bfloat16) faster; bench_detect's scoring path showed no gain (0.99x) in one run.
@@ -27,11 +27,17 @@ INTERNALS = ("hook_attn_scores", "hook_pattern", "hook_result")  # what the fuse
 SWITCH = "WORKBENCH_FUSED_ATTENTION"  # "0" turns the fused path off (TransformerLens's attention everywhere)
 
 
-def enabled() -> bool:
-    value = os.environ.get(SWITCH, "1").strip().lower()
+def env_switch(name: str, on: str, off: str) -> bool:
+    """Whether the environment switch ``name`` is on (unset means on); anything but 1/0 (true/false, on/off) is
+    refused in one line that says what each value does."""
+    value = os.environ.get(name, "1").strip().lower()
     if value not in ("0", "1", "false", "true", "off", "on", ""):
-        raise WorkbenchError(f"{SWITCH}={value!r}: use 1 (fused attention where it is exact) or 0 (TransformerLens's)")
+        raise WorkbenchError(f"{name}={value!r}: use 1 ({on}) or 0 ({off})")
     return value not in ("0", "false", "off")
+
+
+def enabled() -> bool:
+    return env_switch(SWITCH, "fused attention where it is exact", "TransformerLens's")
 
 
 def supported(attn) -> bool:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import re
 from collections.abc import Sequence
 
@@ -47,10 +46,9 @@ def new_cache(model, batch: int):
 
 
 def enabled() -> bool:
-    value = os.environ.get(SWITCH, "1").strip().lower()
-    if value not in ("0", "1", "false", "true", "off", "on", ""):
-        raise WorkbenchError(f"{SWITCH}={value!r}: use 1 (compute a shared prompt prefix once) or 0 (every row whole)")
-    return value not in ("0", "false", "off")
+    from workbench.models.fused_attention import env_switch
+
+    return env_switch(SWITCH, "compute a shared prompt prefix once", "every row whole")
 
 
 def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
