@@ -30,9 +30,10 @@ POSITION_SITES = re.compile(r"^(hook_embed|hook_pos_embed|ln_final\.hook_normali
                             r"blocks\.\d+\.hook_(resid_pre|resid_mid|resid_post|attn_out|mlp_out))$")
 SWITCH = "WORKBENCH_SHARED_PREFIX"  # "0": every row computes its whole prompt (for parity checks)
 MIN_PREFIX = 4  # a group shares at least this many tokens beyond what the whole batch shares
-# Two passes cost more per token than one (smaller GEMMs, masks, the gathers): on 2 CPU cores a batch of twins run
-# on prefixes took 1.28x the time of the whole batch for 1.08x its padded tokens (bfloat16, SmolLM2). Prefixes are
-# used where both passes together hold at most this fraction of the whole batch's padded tokens.
+# Two passes cost more per token than one (smaller GEMMs, masks, the gathers): on 2 CPU cores, 64 SmolLM2 chat
+# twins in bfloat16 run on prefixes took 1.28x the time of whole batches (one hand-timed script) while holding about
+# as many padded tokens (1.08x in its first batch). Prefixes are used where both passes together hold at most this
+# fraction of the whole batch's padded tokens.
 PAYS = 0.6
 
 
