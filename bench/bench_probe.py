@@ -65,8 +65,8 @@ def protocol_noise(out: Path, report: dict) -> dict:
     config = ProbeConfig.from_dict(report["config"])
     exact = run.class_clouds
 
-    def rounded(store, site, adversarial):
-        return tuple(torch.from_numpy(c).to(torch.bfloat16).float().numpy() for c in exact(store, site, adversarial))
+    def rounded(*args):
+        return tuple(torch.from_numpy(c).to(torch.bfloat16).float().numpy() for c in exact(*args))
 
     def again(seed: int, clouds) -> dict:
         run.class_clouds = clouds

@@ -126,12 +126,14 @@ def test_a_store_made_in_another_dtype_is_never_resumed_or_served(tmp_path):
 
 def test_corrupt_and_missing_shards_are_named(tiny, tmp_path):
     store = capture(tiny, make_prompts(6), SITES, tmp_path / "s", shard_rows=2, batch_size=2, progress=False)
+    before = store.get(SITES[0])  # the verified bytes are now held in memory; verify() still reads the files
     shard = tmp_path / "s" / "shard-00001.safetensors"
     data = bytearray(shard.read_bytes())
     data[-3] ^= 0xFF
     shard.write_bytes(bytes(data))
     with pytest.raises(WorkbenchError, match="shard-00001.safetensors.*corrupt"):
         store.verify()
+    assert torch.equal(store.get(SITES[0]), before)  # what this object verified, not the file changed under it
     (tmp_path / "s" / "shard-00002.safetensors").unlink()
     with pytest.raises(WorkbenchError, match="shard-00001"):
         ActivationStore(tmp_path / "s").get(SITES[0])

@@ -122,3 +122,11 @@ def test_total_h1_refuses_bad_clouds_instead_of_reading_them_as_empty():
     cube = np.random.default_rng(1).normal(size=(80, 3))
     bars = alpha_persistence(cube).dgms[1]
     assert total_h1_persistence(cube) == pytest.approx(float((bars[:, 1] - bars[:, 0]).sum()))
+
+
+def test_threads_change_nothing():
+    acts = np.random.default_rng(3).standard_normal((5, 6, 40))
+    for permute in (False, True):
+        one = neuron_flow(acts, gaps=(1, 2), permute=permute, seed=4, n_jobs=1)
+        two = neuron_flow(acts, gaps=(1, 2), permute=permute, seed=4, n_jobs=2)
+        assert all(np.array_equal(one.totals[g], two.totals[g]) for g in (1, 2)) and one.totals[1].any()

@@ -128,3 +128,17 @@ def test_flow_figure_labels_positions_with_layer_numbers():
     fig = flow_figure(flow, "flow")
     assert list(fig.layout.xaxis.ticktext) == ["0", "9", "29"] and list(fig.layout.xaxis.tickvals) == [0, 1, 2]
     assert len(fig.data) == 4
+
+
+def test_layers_in_worker_processes_give_the_serial_numbers(probe_run, tmp_path, monkeypatch):
+    """The pool only moves where layers run: every layer result equals the in-process one, and each is cached."""
+    import workbench.probe.run as run
+    from workbench.store import ActivationStore
+
+    out, report = probe_run
+    store = ActivationStore(out / "stores" / "injection")
+    monkeypatch.setattr(run, "PARALLEL_MIN_WORK", 0)
+    pooled = run.analyze_condition(store, "injection", ProbeConfig(**SMALL), tmp_path / "work", False, n_jobs=2)
+    assert pooled.layers == report.conditions["injection"].layers
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["layer-000.json", "layer-001.json",
+                                                                      "layer-003.json"]

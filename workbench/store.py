@@ -18,6 +18,7 @@ import errno
 import hashlib
 import json
 import os
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from workbench.io import exclusive, write_atomic
 MANIFEST = "manifest.json"
 FORMAT = "workbench.activations/1"
 TOKEN_KEYS = ("token_ids", "offsets", "row_index")  # present when positions == "all"
+PAYLOAD_MEMO_BYTES = 256 * 2**20  # verified shard bytes an open store keeps (ActivationStore._payload)
 LOCK = ".lock"  # the lock file inside a store folder, held by its one writer (pid and host inside)
 
 
@@ -166,6 +168,34 @@ class ShardData:
     rows: list[dict]  # one metadata dict per row (text, label, ...)
 
 
+def _payload_rows(payload: bytes) -> list[dict]:
+    """The rows' metadata from a shard's safetensors header."""
+    header_len = int.from_bytes(payload[:8], "little")
+    meta = json.loads(payload[8 : 8 + header_len]).get("__metadata__", {})
+    return json.loads(meta.get("rows", "[]"))
+
+
+_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32",
+           "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+
+
+def _payload_tensors(payload: bytes, names: list[str]) -> dict:
+    """Only the tensors ``names`` of a shard's bytes, each copied out of its slice (``safetensors.torch.load``
+    decodes every site; a probe reads one site at a time)."""
+    import torch
+
+    header_len = int.from_bytes(payload[:8], "little")
+    header = json.loads(payload[8 : 8 + header_len])
+    out = {}
+    for name in names:
+        info = header[name]
+        begin, end = (8 + header_len + o for o in info["data_offsets"])
+        dtype = getattr(torch, _DTYPES[info["dtype"]])
+        flat = torch.frombuffer(bytearray(payload[begin:end]), dtype=dtype) if end > begin else torch.empty(0, dtype=dtype)
+        out[name] = flat.reshape(info["shape"])
+    return out
+
+
 def shard_payload(tensors: dict, rows: list[dict]) -> bytes:
     """One shard's bytes: the tensors, with the rows' metadata in the safetensors header."""
     from safetensors.torch import save
@@ -180,6 +210,7 @@ class ActivationStore:
     def __init__(self, path: str | Path):
         self.location = Location(path)
         self.path = self.location.path
+        self._payloads: OrderedDict = OrderedDict()  # (file, sha256) -> verified shard bytes (``_payload``)
         raw = self.location.read(MANIFEST)
         if raw is None:
             raise WorkbenchError(f"{self.path} is not an activation store (no {MANIFEST}): run `workbench capture` first")
@@ -306,11 +337,16 @@ class ActivationStore:
     def complete(self) -> bool:
         return bool(self.manifest.get("complete"))
 
-    def read_shard(self, index: int) -> ShardData:
-        """One shard, its bytes checked against the manifest's sha256."""
-        from safetensors.torch import load
-
+    def _payload(self, index: int, fresh: bool = False) -> bytes:
+        """Shard ``index``'s bytes, checked against the manifest's sha256 once per store object: analyses read every
+        site of a store in turn, and re-reading and re-hashing one shard per site was most of a probe's I/O. The
+        bytes are immutable and keyed by the manifest's hash; at most ``PAYLOAD_MEMO_BYTES`` are held."""
         entry = self.manifest["shards"][index]
+        key = (entry["file"], entry["sha256"])
+        memo = self._payloads
+        if key in memo and not fresh:
+            memo.move_to_end(key)
+            return memo[key]
         payload = self.location.read(entry["file"])
         if payload is None:
             raise WorkbenchError(f"shard {entry['file']} of {self.path} is missing: capture again with --overwrite")
@@ -318,10 +354,19 @@ class ActivationStore:
             raise WorkbenchError(
                 f"shard {entry['file']} of {self.path} is corrupt (sha256 mismatch): capture again with --overwrite"
             )
-        tensors = load(payload)
-        header_len = int.from_bytes(payload[:8], "little")
-        meta = json.loads(payload[8 : 8 + header_len]).get("__metadata__", {})
-        return ShardData(tensors=tensors, rows=json.loads(meta.get("rows", "[]")))
+        memo[key] = payload
+        while sum(len(b) for b in memo.values()) > PAYLOAD_MEMO_BYTES and len(memo) > 1:
+            memo.popitem(last=False)
+        return payload
+
+    def read_shard(self, index: int, names: list[str] | None = None) -> ShardData:
+        """One shard, its bytes checked against the manifest's sha256; fresh tensors on every call (``names``:
+        only these tensors are decoded)."""
+        from safetensors.torch import load
+
+        payload = self._payload(index)
+        tensors = load(payload) if names is None else _payload_tensors(payload, names)
+        return ShardData(tensors=tensors, rows=_payload_rows(payload))
 
     def n_items(self, site: str) -> int:
         """Stored rows of ``site`` (tokens, for ``positions == "all"``), read from the shards' headers only."""
@@ -339,13 +384,13 @@ class ActivationStore:
             yield self.read_shard(index)
 
     def verify(self) -> None:
-        """Read every shard once; raises naming the first missing or corrupt shard."""
-        for _ in self.iter_shards():
-            pass
+        """Read every shard from its file (not from memory); raises naming the first missing or corrupt shard."""
+        for index in range(len(self.manifest["shards"])):
+            self._payload(index, fresh=True)
 
     def rows(self) -> list[dict]:
-        """Per-row metadata (text, label, and whatever the prompt file carried), in row order."""
-        return [row for shard in self.iter_shards() for row in shard.rows]
+        """Per-row metadata (text, label, and whatever the prompt file carried), in row order (no tensor decoded)."""
+        return [row for index in range(len(self.manifest["shards"])) for row in _payload_rows(self._payload(index))]
 
     def labels(self, field: str = "label") -> np.ndarray:
         return np.array([row.get(field) for row in self.rows()])
@@ -360,12 +405,14 @@ class ActivationStore:
         if site not in self.sites:
             raise WorkbenchError(f"site {site!r} is not in this store; it has {', '.join(self.sites)}")
         parts = []
-        for index, shard in enumerate(self.iter_shards()):
-            values = shard.tensors[site]
+        for index in range(len(self.manifest["shards"])):
+            payload = self._payload(index)
+            tensors = _payload_tensors(payload, [site, *(["row_index"] if self.manifest["positions"] == "all" else [])])
+            values = tensors[site]
             if label is not None:
-                keep = torch.tensor([row.get(field) == label for row in shard.rows], dtype=torch.bool)
+                keep = torch.tensor([row.get(field) == label for row in _payload_rows(payload)], dtype=torch.bool)
                 if self.manifest["positions"] == "all":  # one entry per token: map tokens to their rows
-                    keep = keep[shard.tensors["row_index"] - self.manifest["shards"][index]["rows"][0]]
+                    keep = keep[tensors["row_index"] - self.manifest["shards"][index]["rows"][0]]
                 values = values[keep]
             parts.append(values)
         if not parts:

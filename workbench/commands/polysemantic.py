@@ -309,7 +309,7 @@ def median_norm(store, site: str) -> float:
     """The median token norm at ``site``, shard by shard (a 2M-token store never exists as one float tensor)."""
     import torch
 
-    norms = [store.read_shard(i).tensors[site].float().norm(dim=1) for i in range(len(store.manifest["shards"]))]
+    norms = [store.read_shard(i, [site]).tensors[site].float().norm(dim=1) for i in range(len(store.manifest["shards"]))]
     return float(torch.cat(norms).median())
 
 

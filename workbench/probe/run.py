@@ -14,7 +14,9 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
 from pathlib import Path
 
@@ -56,9 +58,9 @@ def distinct_prompts(records: list[dict], condition: str = "") -> list[dict]:
     return kept
 
 
-def class_clouds(store, site: str, adversarial: str) -> tuple[np.ndarray, np.ndarray]:
-    """Clean and adversarial rows of one site, validated: both present, finite."""
-    labels = store.labels()
+def class_clouds(store, site: str, adversarial: str, labels: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Clean and adversarial rows of one site, validated: both present, finite (``labels``: the store's, if read)."""
+    labels = store.labels() if labels is None else labels
     X = store.get(site, as_numpy=True)
     clean, adv = X[labels == "clean"], X[labels == adversarial]
     for name, cloud in (("clean", clean), (adversarial, adv)):
@@ -74,8 +76,10 @@ def class_clouds(store, site: str, adversarial: str) -> tuple[np.ndarray, np.nda
     return clean, adv
 
 
-def analyze_layer(clean: np.ndarray, adv: np.ndarray, config: ProbeConfig, seed: int, layer: int = -1) -> LayerResult:
-    """The subsample protocol for one layer, plus one example diagram per class for the report."""
+def analyze_layer(clean: np.ndarray, adv: np.ndarray, config: ProbeConfig, seed: int, layer: int = -1,
+                  n_threads: int | None = None) -> LayerResult:
+    """The subsample protocol for one layer, plus one example diagram per class for the report (``n_threads``:
+    giotto-ph's threads per diagram)."""
     from workbench.topology.diagrams import diagrams_to_lists
     from workbench.topology.persistence import rips_persistence
     from workbench.topology.stats import compare_conditions
@@ -88,12 +92,13 @@ def analyze_layer(clean: np.ndarray, adv: np.ndarray, config: ProbeConfig, seed:
             f"subsample over {config.n_parts} parts; use more prompts (--pairs) or fewer parts"
         )
     cmp = compare_conditions({0: (clean, adv)}, k=k, K=config.K, n_parts=config.n_parts, maxdim=config.maxdim,
-                             n_boot=config.n_boot, n_perm=config.n_perm, seed=seed)
+                             n_boot=config.n_boot, n_perm=config.n_perm, seed=seed,
+                             n_threads=n_threads)
     rng = np.random.default_rng(seed)
     examples = {}
     for name, cloud in (("clean", clean), ("adversarial", adv)):
         rows = rng.choice(len(cloud), size=k, replace=False)
-        result = rips_persistence(cloud[rows], maxdim=config.maxdim)
+        result = rips_persistence(cloud[rows], maxdim=config.maxdim, n_threads=n_threads)
         examples[name] = diagrams_to_lists(result.dgms)
     return LayerResult(
         layer=layer, k=k, n_clean=len(clean), n_adversarial=len(adv), features=list(cmp.names),
@@ -105,15 +110,21 @@ def analyze_layer(clean: np.ndarray, adv: np.ndarray, config: ProbeConfig, seed:
     )
 
 
-def analyze_condition(store, condition: str, config: ProbeConfig, work: Path, progress: bool = True) -> ConditionResult:
-    """Every layer of one condition (cached per layer in ``work``), then FDR across layers x features."""
+def analyze_condition(store, condition: str, config: ProbeConfig, work: Path, progress: bool = True,
+                      n_jobs: int | None = None) -> ConditionResult:
+    """Every layer of one condition (cached per layer in ``work``), then FDR across layers x features.
+
+    Layers are independent, so with ``n_jobs`` > 1 (default: one per core) and work enough to repay a pool's start
+    (``PARALLEL_MIN_WORK``), they run in worker processes; each layer's seed is fixed, so the results are the same,
+    and each is cached as it finishes, so an interrupted run resumes."""
     from workbench.progress import progress_bar
     from workbench.topology.stats import benjamini_hochberg
 
     adversarial = get_condition(condition).adversarial_label
     work.mkdir(parents=True, exist_ok=True)
     layers: dict[int, LayerResult] = {}
-    for index, site in enumerate(progress_bar(store.sites, desc=f"topology {condition}", unit="layer", disable=not progress)):
+    todo = []
+    for index, site in enumerate(store.sites):
         layer = int(site.split(".")[1])
         cached = work / f"layer-{layer:03d}.json"
         key = layer_key(store, site, adversarial, config, seed=config.seed + 1000 * index)
@@ -124,10 +135,29 @@ def analyze_condition(store, condition: str, config: ProbeConfig, work: Path, pr
                     layers[layer] = held
                     continue
             log.info("recomputing %s: its cache was made from other inputs", cached)
-        clean, adv = class_clouds(store, site, adversarial)
-        layers[layer] = replace(analyze_layer(clean, adv, config, seed=config.seed + 1000 * index, layer=layer),
-                                key=key)
+        todo.append((site, layer, config.seed + 1000 * index, key, cached))
+    labels = store.labels() if todo else None
+    jobs = max(1, min(n_jobs or os.cpu_count() or 1, len(todo)))
+    if config.K * config.k < PARALLEL_MIN_WORK:
+        jobs = 1
+    bar = progress_bar(total=len(store.sites), initial=len(layers), desc=f"topology {condition}", unit="layer",
+                       disable=not progress)
+
+    def finish(layer, key, cached, result):
+        layers[layer] = replace(result, key=key)
         write_json_atomic(cached, layers[layer].to_dict())
+        bar.update()
+
+    with bar, _layer_pool(jobs) as pool:
+        running = {}
+        for site, layer, seed, key, cached in todo:
+            clean, adv = class_clouds(store, site, adversarial, labels)
+            if pool is None:
+                finish(layer, key, cached, analyze_layer(clean, adv, config, seed, layer))
+            else:
+                running[pool.submit(analyze_layer, clean, adv, config, seed, layer, 1)] = (layer, key, cached)
+        for future in as_completed(running):
+            finish(*running[future], future.result())
     order = sorted(layers)
     q = {name: benjamini_hochberg(np.array([getattr(layers[L], p) for L in order]))
          for name, p in (("q_perm", "p_perm"), ("q_welch", "p_welch"), ("q_parts", "p_parts"))}
@@ -138,6 +168,32 @@ def analyze_condition(store, condition: str, config: ProbeConfig, work: Path, pr
     layers = {L: layers[L] for L in order}
     return ConditionResult(condition=condition, adversarial_label=adversarial, sites=list(store.sites), layers=layers,
                            summary=ConditionSummary.of(layers))
+
+
+PARALLEL_MIN_WORK = 2048  # K x k per layer below which one process is faster than starting a pool (~2 s)
+
+
+@contextlib.contextmanager
+def _layer_pool(jobs: int):
+    """Worker processes for ``analyze_condition`` (spawned: the parent holds torch's OpenMP threads, which a fork
+    would copy in an unknown state), one BLAS thread each; None for one job."""
+    if jobs <= 1:
+        yield None
+        return
+    import multiprocessing
+
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_one_thread) as pool:
+        try:
+            yield pool
+        except BaseException:  # Ctrl-C or an error: drop the queued layers (the finished ones are cached)
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+
+
+def _one_thread() -> None:
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1)
 
 
 def layer_key(store, site: str, adversarial: str, config: ProbeConfig, seed: int) -> str:
@@ -179,11 +235,12 @@ def flow_by_class(store, condition: str, config: ProbeConfig) -> dict:
     adversarial = get_condition(condition).adversarial_label
     rng = np.random.default_rng(config.seed)
     labels = store.labels()
+    sites = [store.get(site, as_numpy=True) for site in store.sites]  # each site read once, for both classes
     per_class = {}
     for name, label in (("clean", "clean"), ("adversarial", adversarial)):
         rows = np.flatnonzero(labels == label)
         rows = rng.choice(rows, size=min(config.flow_samples, len(rows)), replace=False)
-        acts = np.stack([store.get(site, as_numpy=True)[rows] for site in store.sites], axis=1)
+        acts = np.stack([values[rows] for values in sites], axis=1)
         per_class[name] = {
             "flow": neuron_flow(acts, gaps=config.flow_gaps, normalize=True, seed=config.seed),
             "control": neuron_flow(acts, gaps=config.flow_gaps, normalize=True, permute=True, seed=config.seed),

@@ -50,7 +50,7 @@ def feature_stats(sae, store, site: str | None = None, n_top: int = 16, batch_si
         raise WorkbenchError(f"{store.path} holds no activations: collect them first")
     with torch.no_grad():
         for s in progress_bar(range(n_shards), desc="feature stats", unit="shard", disable=not progress):
-            x = store.read_shard(s).tensors[site].float()
+            x = store.read_shard(s, [site]).tensors[site].float()
             _check_finite(x, f"{store.path} ({site})")
             if x.shape[1] != sae.cfg.d_in:
                 raise WorkbenchError(f"SAE d_in={sae.cfg.d_in} does not match {site} in the store (width {x.shape[1]})")

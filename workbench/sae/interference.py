@@ -133,7 +133,7 @@ def coactivation(sae, store, pairs, site: str | None = None, batch_size: int = 4
     pi, pj = torch.as_tensor(pairs[:, 0]), torch.as_tensor(pairs[:, 1])
     with torch.no_grad():
         for s in range(len(store.manifest["shards"])):
-            x = store.read_shard(s).tensors[site].float()
+            x = store.read_shard(s, [site]).tensors[site].float()
             for b in range(0, len(x), batch_size):
                 active = sae.encode(x[b : b + batch_size]) > 0
                 a, c = active[:, pi], active[:, pj]

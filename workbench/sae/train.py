@@ -206,7 +206,7 @@ def store_batches(store: ActivationStore, site: str, batch_size: int, seed: int 
         while True:
             order = torch.randperm(n_shards, generator=gen).tolist()
             for i in range(0, n_shards, 2):
-                x = torch.cat([store.read_shard(j).tensors[site].float() for j in order[i : i + 2]])
+                x = torch.cat([store.read_shard(j, [site]).tensors[site].float() for j in order[i : i + 2]])
                 yield _check_finite(x, f"{store.path} ({site})")
 
     yield from _shuffled_batches(chunks(), batch_size, gen)
