@@ -63,6 +63,9 @@ def _fused_forward(self, query_input, key_input, value_input, past_kv_cache_entr
     n = query_input.shape[1]
     padded = attention_mask is not None and not bool(attention_mask.all())  # all ones: a left-padding tokenizer's
     # mask of a right-padded batch, or cached prefixes all of whose keys count
+    if padded and not offset and bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all()):
+        padded = False  # right padding: causality alone keeps every real query off the pads after it, and the
+        # kernel skips the blocks above the diagonal (real rows bit-identical to the masked call; pads are never read)
     mask = None
     if offset or padded or (self.attn_type == "local" and n > self.cfg.window_size):
         mask = self._make_causal_mask(query_ctx_length=n, key_ctx_length=offset + n, past_kv_pos_offset=offset,
