@@ -111,7 +111,9 @@ def main() -> None:
                         help="model dtypes to run, comma-separated; the first is the reference of the deviation")
     args = parser.parse_args()
     dtypes = args.dtypes.split(",")
-    results = {"model": args.model, "cpu_count": os.cpu_count(), "load_average_before": os.getloadavg()}
+    from benchutil import cpu
+
+    results = {"model": args.model, "cpu_count": os.cpu_count(), **cpu(), "load_average_before": os.getloadavg()}
     for name in ("quick",) if args.quick else ("quick", "default"):
         runs = {}
         for dtype in dtypes:
