@@ -101,6 +101,26 @@ def test_leave_one_group_out_finds_the_signal_and_its_layer_not_the_length_cue()
     assert summary["length"]["mean_auc_at_layer"] == {}  # a text baseline reads no layer
 
 
+def test_choosing_layers_in_worker_processes_gives_the_serial_picks(monkeypatch):
+    """The pool only moves where each layer's candidates are fitted: same layer, C, inner AUC, out-of-fold scores
+    and per-layer C for every detector, the fusion sharing its member's fits inside a worker."""
+    import workbench.detect.evaluate as ev
+
+    acts, text, layers, y, groups, _ = _planted(n=50, layers=(1, 2, 4))
+    detectors = {name: ev.DETECTORS[name] for name in ("keywords (baseline)", "document span mean+max",
+                                                       "span mean+max + keywords")}
+    detectors["probe"] = ([("last", "layer")], {})
+    every = np.ones(len(y), bool)
+    serial = ev.choose_all(detectors, acts, layers, text, y, groups, every, n_jobs=1)
+    monkeypatch.setattr(ev, "PARALLEL_MIN_ROWS", 0)
+    pooled = ev.choose_all(detectors, acts, layers, text, y, groups, every, n_jobs=2)
+    assert list(pooled) == list(detectors) and pooled["probe"]["layer"] == 4
+    for name in detectors:
+        a, b = serial[name], pooled[name]
+        assert (a["layer"], a["C"], a["inner_auc"], a["best_C"]) == (b["layer"], b["C"], b["inner_auc"], b["best_C"])
+        np.testing.assert_allclose(a["oof"], b["oof"], rtol=1e-12, atol=1e-12)  # BLAS threads: the last bit
+
+
 def test_a_group_with_one_class_trains_in_every_split_and_is_never_held_out():
     """The documentation near-misses are clean only: no AUC of their own, negatives in every training set, and
     scored out of fold so the threshold sees them; with fewer than two two-class groups left, a clear refusal."""

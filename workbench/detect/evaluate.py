@@ -95,6 +95,65 @@ def choose(template, acts, layers, text, y, groups, rows, seed: int = 0, fixed: 
     return {**best, "best_C": {layer: c for layer, (c, _) in per_layer.items()}}
 
 
+PARALLEL_MIN_ROWS = 300  # training rows below which choosing in one process beats starting a pool (~2 s)
+
+
+def choose_all(detectors: dict, acts, layers, text, y, groups, rows, seed: int = 0, n_jobs: int | None = None) -> dict:
+    """``choose`` for every detector (name -> (template, fixed)): ``{name: pick}``, the same picks as one call each.
+
+    The (layer, C) candidates are independent, so with enough rows and ``n_jobs`` > 1 (default: one per core) each
+    one runs in a worker process (``workbench.parallel``; the arrays are sent once per worker), the detectors'
+    shared fits still fitted once (``shared_fits``: every detector at one layer and C is one piece), and the picks
+    are merged in the order of one loop over layers and C: a tie keeps the earlier candidate. Detectors that read no
+    layer are chosen here. Picks, C per layer and inner AUCs are the same as in one process; out-of-fold scores can
+    differ in the last bit (one BLAS thread per worker)."""
+    from workbench.parallel import n_workers, process_pool
+
+    by_layer = {n: spec for n, spec in detectors.items() if any(where == LAYER for _, where in spec[0])}
+    pieces = [(layer, C) for layer in layers for C in C_GRID
+              if any(C in spec[1].get("C_grid", C_GRID) for spec in by_layer.values())]
+    big = len(pieces) > 1 and int(np.count_nonzero(rows)) >= PARALLEL_MIN_ROWS
+    jobs = n_workers(n_jobs, len(pieces)) if big else 1
+    with shared_fits():
+        picks = {n: choose(template, acts, layers, text, y, groups, rows, seed, fixed)
+                 for n, (template, fixed) in detectors.items() if jobs == 1 or n not in by_layer}
+    if jobs == 1:
+        return picks
+    with process_pool(jobs, _hold, ((by_layer, acts, layers, text, y, groups, rows, seed),)) as pool:
+        done = [pool.submit(_choose_piece, layer, C) for layer, C in pieces]
+        chosen = [future.result() for future in done]
+    for name in by_layer:  # in the serial loop's order: layers, then C; strict > keeps the first of equals
+        best, per_layer = None, {}
+        for (layer, _), piece in zip(pieces, chosen, strict=True):
+            pick = piece.get(name)
+            if pick is None:
+                continue
+            if layer not in per_layer or pick["inner_auc"] > per_layer[layer]["inner_auc"]:
+                per_layer[layer] = pick
+            if best is None or pick["inner_auc"] > best["inner_auc"]:
+                best = pick
+        picks[name] = {**best, "best_C": {layer: p["C"] for layer, p in per_layer.items()}}
+    return {n: picks[n] for n in detectors}
+
+
+_HELD: tuple = ()  # a worker's copy of choose_all's inputs (``_hold``)
+
+
+def _hold(inputs: tuple) -> None:
+    global _HELD
+    _HELD = inputs
+
+
+def _choose_piece(layer, C) -> dict:
+    """Every detector of ``_HELD`` that searches ``C``, at ``layer`` and ``C`` only."""
+    detectors, acts, layers, text, y, groups, rows, seed = _HELD
+    i = layers.index(layer)
+    at = {view: a[:, [i]] for view, a in acts.items()}
+    with shared_fits():
+        return {n: choose(template, at, [layer], text, y, groups, rows, seed, {**fixed, "C_grid": (C,)})
+                for n, (template, fixed) in detectors.items() if C in fixed.get("C_grid", C_GRID)}
+
+
 def held_out_threshold(pick: dict, y: np.ndarray, fallback: np.ndarray) -> float:
     """The score that flags ``FPR_FOR_THRESHOLD`` of the training clean rows, read from their out-of-fold scores
     (each scored by the inner fit that had not seen its source): in-sample scores of a model that separates its
@@ -150,11 +209,12 @@ def evaluate(acts: dict, text: dict, layers: list[int], labels: Sequence[int], g
 def _held_out_rows(held, detectors, acts, text, layers, y, groups, lengths, near, train, test, n_boot, seed):
     """One row per detector for the held-out group ``held`` (``train``/``test``: row masks)."""
     rows = []
-    for name, spec in detectors.items():
-        template, fixed = spec if isinstance(spec, tuple) else (spec, {})  # a bare block list: no settings
-        if any(view not in acts and view != "text" for view, _ in template):
-            continue  # a view that was not computed (e.g. no topology asked)
-        pick = choose(template, acts, layers, text, y[train], groups[train], train, seed, fixed)
+    specs = {name: spec if isinstance(spec, tuple) else (spec, {}) for name, spec in detectors.items()}  # a bare
+    # block list: no settings; a view that was not computed (e.g. no topology asked): not this detector
+    specs = {name: spec for name, spec in specs.items() if all(view in acts or view == "text" for view, _ in spec[0])}
+    picks = choose_all(specs, acts, layers, text, y[train], groups[train], train, seed)
+    for name, (template, fixed) in specs.items():
+        pick = picks[name]
         base = fit_settings(fixed)
         fit = (name, template, acts, layers, text, y, train, test)
         s_train, s = _fit_and_score(*fit, {**base, "C": pick["C"]}, pick["layer"])

@@ -185,13 +185,12 @@ def fit_detector(model, config: DetectorConfig, cache=None, progress: bool = Tru
         DETECTORS,
         FPR_FOR_THRESHOLD,
         _blocks,
-        choose,
+        choose_all,
         fit_settings,
         held_out_threshold,
     )
     from workbench.detect.features import text_features
     from workbench.detect.pipelines import Detector, feature_matrix, resolve_settings
-    from workbench.detect.shared_fits import shared_fits
     from workbench.models import has_chat_template
 
     layer = resolve_layer(model, config.layer)
@@ -211,10 +210,8 @@ def fit_detector(model, config: DetectorConfig, cache=None, progress: bool = Tru
     views = set().union(*(_views_of(DETECTORS[n][0]) for n in names))
     acts = features_for(model, records, layers, views, config.max_tokens, chat, config.seed, cache, progress)
     text = text_features(records)
-    every = np.ones(len(y), bool)
-    with shared_fits():  # the fusion's span member is the span + keywords candidate: fitted once per fold
-        picks = {name: choose(DETECTORS[name][0], acts, layers, text, y, groups, every, config.seed,
-                              DETECTORS[name][1]) for name in names}
+    every = np.ones(len(y), bool)  # the fusion's span member is the span + keywords candidate: fitted once per fold
+    picks = choose_all({name: DETECTORS[name] for name in names}, acts, layers, text, y, groups, every, config.seed)
     name = max(picks, key=lambda n: picks[n]["inner_auc"])
     template, fixed = DETECTORS[name]
     pick = picks[name]

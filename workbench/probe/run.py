@@ -14,9 +14,8 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from dataclasses import replace
 from pathlib import Path
 
@@ -117,6 +116,7 @@ def analyze_condition(store, condition: str, config: ProbeConfig, work: Path, pr
     Layers are independent, so with ``n_jobs`` > 1 (default: one per core) and work enough to repay a pool's start
     (``PARALLEL_MIN_WORK``), they run in worker processes; each layer's seed is fixed, so the results are the same,
     and each is cached as it finishes, so an interrupted run resumes."""
+    from workbench.parallel import n_workers, process_pool
     from workbench.progress import progress_bar
     from workbench.topology.stats import benjamini_hochberg
 
@@ -137,9 +137,7 @@ def analyze_condition(store, condition: str, config: ProbeConfig, work: Path, pr
             log.info("recomputing %s: its cache was made from other inputs", cached)
         todo.append((site, layer, config.seed + 1000 * index, key, cached))
     labels = store.labels() if todo else None
-    jobs = max(1, min(n_jobs or os.cpu_count() or 1, len(todo)))
-    if config.K * config.k < PARALLEL_MIN_WORK:
-        jobs = 1
+    jobs = n_workers(n_jobs, len(todo)) if config.K * config.k >= PARALLEL_MIN_WORK else 1
     bar = progress_bar(total=len(store.sites), initial=len(layers), desc=f"topology {condition}", unit="layer",
                        disable=not progress)
 
@@ -148,7 +146,7 @@ def analyze_condition(store, condition: str, config: ProbeConfig, work: Path, pr
         write_json_atomic(cached, layers[layer].to_dict())
         bar.update()
 
-    with bar, _layer_pool(jobs) as pool:
+    with bar, process_pool(jobs) as pool:
         running = {}
         for site, layer, seed, key, cached in todo:
             clean, adv = class_clouds(store, site, adversarial, labels)
@@ -171,29 +169,6 @@ def analyze_condition(store, condition: str, config: ProbeConfig, work: Path, pr
 
 
 PARALLEL_MIN_WORK = 2048  # K x k per layer below which one process is faster than starting a pool (~2 s)
-
-
-@contextlib.contextmanager
-def _layer_pool(jobs: int):
-    """Worker processes for ``analyze_condition`` (spawned: the parent holds torch's OpenMP threads, which a fork
-    would copy in an unknown state), one BLAS thread each; None for one job."""
-    if jobs <= 1:
-        yield None
-        return
-    import multiprocessing
-
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_one_thread) as pool:
-        try:
-            yield pool
-        except BaseException:  # Ctrl-C or an error: drop the queued layers (the finished ones are cached)
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
-
-
-def _one_thread() -> None:
-    from threadpoolctl import threadpool_limits
-
-    threadpool_limits(1)
 
 
 def layer_key(store, site: str, adversarial: str, config: ProbeConfig, seed: int) -> str:
