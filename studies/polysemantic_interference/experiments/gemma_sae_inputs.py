@@ -1,0 +1,75 @@
+"""Why the Gemma 3 SAE has so many dead features: its blocks.9 residual, and an SAE on standardised inputs.
+
+Gemma 3's blocks.9 residual has two channels that hold most of the mean square; the SAE's MSE is then about
+those channels. This measures the channels' share, then trains two TopK SAEs (k 32, 2,048 features, the same
+settings and batches) on the raw activations and on per-dimension standardised ones ((x - mean) / std, from a
+sample of the training batches), and scores both in raw space on held-out corpus tokens: explained variance,
+the median per-dimension explained variance, dead fraction. Minutes on 2 cores; not the study's SAE (400k
+tokens, not 2M). Writes ``gemma_sae_inputs.json`` beside this file.
+
+    python studies/polysemantic_interference/experiments/gemma_sae_inputs.py [--tokens 400000] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+SITE = "blocks.9.hook_resid_post"
+
+
+def main() -> None:
+    from workbench.models import load_model
+    from workbench.paths import cache_dir
+    from workbench.report import versions
+    from workbench.sae.train import TrainConfig, collect_activations, store_batches, train_sae
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=400_000)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    work = cache_dir("experiments") / f"gemma-sae-inputs-{args.tokens}"
+    model = load_model("gemma3-270m", dtype="auto")
+    train = collect_activations(model, [SITE], work / "train", n_tokens=args.tokens, split="train", progress=False)
+    test = collect_activations(model, [SITE], work / "test", n_tokens=8192, split="heldout", progress=False)
+    x = test.get(SITE).float()
+    square = (x**2).mean(0)
+    centred = ((x - x.mean(0)) ** 2).mean(0)
+    batches = store_batches(train, SITE, 1024, seed=args.seed + 5)
+    sample = torch.cat([next(batches) for _ in range(40)])
+    mu, sd = sample.mean(0), sample.std(0).clamp_min(1e-6)
+    out = {"site": SITE, "train_tokens": args.tokens, "test_tokens": len(x), "seed": args.seed,
+           "model_dtype": str(model.cfg.dtype), "versions": versions(),
+           "top_channels_share_of_mean_square": {int(i): round(float(v / square.sum()), 4)
+                                                 for v, i in zip(*square.topk(3), strict=True)},
+           "top5_channels_share_of_variance": round(float(centred.topk(5).values.sum() / centred.sum()), 4),
+           "token_norm_percentiles_1_50_99": [round(float(q), 1) for q in x.norm(dim=1).quantile(
+               torch.tensor([0.01, 0.5, 0.99]))],
+           "saes": {}}
+    for name, fwd, back in (("raw", lambda v: v, lambda v: v),
+                            ("standardised", lambda v: (v - mu) / sd, lambda v: v * sd + mu)):
+        cfg = TrainConfig(site=SITE, d_sae=2048, k=32, n_tokens=args.tokens, seed=args.seed, n_checkpoints=0,
+                          model_name="gemma3-270m", data=f"{train.path}:{name}")
+        started = time.perf_counter()
+        sae = train_sae(cfg, (fwd(b) for b in store_batches(train, SITE, cfg.batch_size, seed=args.seed)), x.shape[1],
+                        work / f"sae-{name}", resume=False, progress=False)
+        with torch.no_grad():
+            f = sae.encode(fwd(x))
+            xh = back(sae.decode(f))
+        per_dim = 1 - ((x - xh) ** 2).sum(0) / ((x - x.mean(0)) ** 2).sum(0)
+        out["saes"][name] = {
+            "explained_variance_raw": round(float(1 - ((x - xh) ** 2).sum() / ((x - x.mean(0)) ** 2).sum()), 4),
+            "median_per_dimension_explained_variance": round(float(per_dim.median()), 4),
+            "dead_fraction": round(float(((f > 0).sum(0) == 0).float().mean()), 4),
+            "l0": round(float((f > 0).sum(1).float().mean()), 1),
+            "train_seconds": round(time.perf_counter() - started, 1)}
+        print(name, out["saes"][name], flush=True)
+    (Path(__file__).with_suffix(".json")).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
