@@ -42,6 +42,24 @@ def test_tiny_model_matches_transformer_lens_and_is_restored(tmp_path):
     assert all("forward" not in block.attn.__dict__ for block in model.blocks)
 
 
+def test_weights_laid_out_once_follow_in_place_edits():
+    """The fused path keeps each Q/K/V weight in F.linear's layout; an in-place edit (quantization, the backdoor's
+    copy_) or a replaced parameter must be seen, never the stale copy."""
+    model = load_model("tiny", device="cpu")
+    tokens = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(1))
+    site = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    before = _resid(model, tokens, site, True)
+    attn = model.blocks[0].attn
+    assert set(attn.__dict__["_flat_weights"]) >= {"W_Q"}
+    with torch.no_grad():
+        attn.W_Q.mul_(1.5)  # in place: same storage, new version
+    torch.testing.assert_close(_resid(model, tokens, site, True), _resid(model, tokens, site, False),
+                               rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(_resid(model, tokens, site, True), before)
+    attn.W_Q = torch.nn.Parameter(attn.W_Q.detach() / 1.5)  # replaced: new storage
+    torch.testing.assert_close(_resid(model, tokens, site, True), before, rtol=1e-5, atol=1e-5)
+
+
 def test_hook_z_still_fires_and_gradients_use_transformer_lens():
     model = load_model("tiny", device="cpu")
     tokens = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))

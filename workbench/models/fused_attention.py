@@ -76,7 +76,7 @@ def _fused_forward(self, query_input, key_input, value_input, past_kv_cache_entr
     if additive_attention_mask is not None or position_bias is not None or torch.is_grad_enabled():
         return type(self).forward(self, query_input, key_input, value_input, past_kv_cache_entry,
                                   additive_attention_mask, attention_mask, position_bias)
-    q, k, v = self.calculate_qkv_matrices(query_input, key_input, value_input)  # hook_q/k/v, qk-norm
+    q, k, v = _qkv(self, query_input, key_input, value_input)  # hook_q/k/v, qk-norm
     if past_kv_cache_entry is not None:
         k, v = past_kv_cache_entry.append(k, v)
     if self.cfg.positional_embedding_type == "rotary":  # every key at its own position (a padded one's is masked)
@@ -89,6 +89,45 @@ def _fused_forward(self, query_input, key_input, value_input, past_kv_cache_entr
     z = self.hook_z(z)  # [batch, pos, head_index, d_head], as TransformerLens's calculate_z_scores gives it
     w = self.W_O.reshape(-1, self.W_O.shape[-1]).T  # [d_model, head_index * d_head]
     return F.linear(z.reshape(z.shape[0], n, -1).to(w.dtype), w, self.b_O)
+
+
+def _qkv(self, query_input, key_input, value_input):
+    """TransformerLens's ``calculate_qkv_matrices`` (hooks, grouped keys, qk-norm) on weights laid out once: it
+    rearranges each [head, d_model, d_head] weight on every call, a copy F.linear makes again each time (4% of a
+    capture's forward on 2 cores). The same GEMM on the same values, so the same numbers; anything it does
+    differently (split or 4-bit inputs, another device) goes through its own method."""
+    import torch.nn.functional as F
+
+    cfg = self.cfg
+    if cfg.use_split_qkv_input or cfg.use_attn_in or getattr(cfg, "load_in_4bit", False) \
+            or query_input.device != self.W_Q.device:
+        return self.calculate_qkv_matrices(query_input, key_input, value_input)
+    grouped = hasattr(self, "_W_K") and not getattr(cfg, "ungroup_grouped_query_attention", False)
+    out = []
+    for x, w, b, hook in ((query_input, "W_Q", "b_Q", self.hook_q),
+                          (key_input, "_W_K" if grouped else "W_K", "_b_K" if grouped else "b_K", self.hook_k),
+                          (value_input, "_W_V" if grouped else "W_V", "_b_V" if grouped else "b_V", self.hook_v)):
+        bias = getattr(self, b)
+        y = F.linear(x, _flat_weight(self, w), bias.reshape(-1))
+        out.append(hook(y.reshape(x.shape[0], x.shape[1], bias.shape[0], bias.shape[1])))
+    q, k, v = out
+    if cfg.use_qk_norm:
+        q = self._apply_qk_norm(q, self.q_norm)
+        k = self._apply_qk_norm(k, self.k_norm)
+    return q, k, v
+
+
+def _flat_weight(attn, name: str):
+    """``attn.<name>`` ([head, d_model, d_head]) as the contiguous [(head d_head), d_model] matrix F.linear reads,
+    kept on the module and rebuilt whenever the parameter is replaced or edited in place (its storage or version
+    counter changes: quantization and the backdoor's weight edits ``copy_`` into it; an edit through ``.data``,
+    which PyTorch does not version, is not seen)."""
+    w = getattr(attn, name)
+    key = (w.data_ptr(), w._version, w.dtype, w.device, tuple(w.shape))
+    held = attn.__dict__.setdefault("_flat_weights", {})
+    if name not in held or held[name][0] != key:
+        held[name] = (key, w.detach().permute(0, 2, 1).reshape(-1, w.shape[1]).contiguous())
+    return held[name][1]
 
 
 def _fused_layers(model, hook_names) -> list:
