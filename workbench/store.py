@@ -168,11 +168,15 @@ class ShardData:
     rows: list[dict]  # one metadata dict per row (text, label, ...)
 
 
+def _header(payload: bytes) -> tuple[dict, int]:
+    """A shard's safetensors header and where its tensor data starts."""
+    header_len = int.from_bytes(payload[:8], "little")
+    return json.loads(payload[8 : 8 + header_len]), 8 + header_len
+
+
 def _payload_rows(payload: bytes) -> list[dict]:
     """The rows' metadata from a shard's safetensors header."""
-    header_len = int.from_bytes(payload[:8], "little")
-    meta = json.loads(payload[8 : 8 + header_len]).get("__metadata__", {})
-    return json.loads(meta.get("rows", "[]"))
+    return json.loads(_header(payload)[0].get("__metadata__", {}).get("rows", "[]"))
 
 
 _DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32",
@@ -184,12 +188,11 @@ def _payload_tensors(payload: bytes, names: list[str]) -> dict:
     decodes every site; a probe reads one site at a time)."""
     import torch
 
-    header_len = int.from_bytes(payload[:8], "little")
-    header = json.loads(payload[8 : 8 + header_len])
+    header, start = _header(payload)
     out = {}
     for name in names:
         info = header[name]
-        begin, end = (8 + header_len + o for o in info["data_offsets"])
+        begin, end = (start + o for o in info["data_offsets"])
         dtype = getattr(torch, _DTYPES[info["dtype"]])
         flat = torch.frombuffer(bytearray(payload[begin:end]), dtype=dtype) if end > begin else torch.empty(0, dtype=dtype)
         out[name] = flat.reshape(info["shape"])
