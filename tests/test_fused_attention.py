@@ -126,3 +126,56 @@ def test_gemma3_sliding_window_and_left_padding_tokenizer_match(gemma3):
     assert implementation(gemma3, [site]) == "fused"
     fused, reference = _resid(gemma3, tokens, site, True), _resid(gemma3, tokens, site, False)
     assert ((fused - reference).norm() / reference.norm()).item() < 1e-5
+
+
+def test_gated_mlp_fused_matches_transformer_lens_and_steps_aside_for_hooks(monkeypatch):
+    """The fused gated MLP gives TransformerLens's numbers, sees in-place weight edits, lets an editing hook on
+    hook_post act (by running TransformerLens's forward there), and leaves every module as it found it."""
+    model = load_model("tiny", device="cpu")
+    tokens = torch.randint(0, 256, (3, 30), generator=torch.Generator().manual_seed(4))
+    site = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+
+    def resid(fused: bool, extra=()):
+        """``site`` with the MLPs fused or not; TransformerLens's attention both times (a hook on the pattern)."""
+        monkeypatch.setenv(SWITCH, "1" if fused else "0")
+        got = {}
+
+        def read(act, hook):
+            got["a"] = act.detach().float().clone()
+
+        hooks = [*extra, ("blocks.0.attn.hook_pattern", lambda act, hook: act), (site, read)]
+        with torch.inference_mode():
+            forward_until_stopped(model, tokens, hooks)
+        return got["a"]
+
+    seen = {}
+
+    def count(mlp, x):
+        seen[mlp] = seen.get(mlp, 0) + 1
+
+    handles = [block.mlp.register_forward_pre_hook(count) for block in model.blocks]
+    fused = resid(True)
+    for h in handles:
+        h.remove()
+    assert len(seen) == model.cfg.n_layers and all("_fused_weights" in b.mlp.__dict__ for b in model.blocks)
+    torch.testing.assert_close(fused, resid(False), rtol=1e-6, atol=1e-6)
+    assert all("forward" not in block.mlp.__dict__ for block in model.blocks)
+
+    def silence(act, hook):
+        return act * 0
+
+    edited = [("blocks.1.mlp.hook_post", silence)]
+    torch.testing.assert_close(resid(True, edited), resid(False, edited), rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(resid(True, edited), fused, atol=1e-3)
+
+    with torch.no_grad():
+        model.blocks[2].mlp.W_in.mul_(2.0)  # in place: the laid-out copy must follow
+    doubled = resid(True)
+    torch.testing.assert_close(doubled, resid(False), rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(doubled, fused, atol=1e-3)
+
+    monkeypatch.setenv(SWITCH, "1")
+    with fused_attention(model, [site]):  # gradients: TransformerLens's forward, so the weights get them
+        loss = model(tokens, return_type="loss")
+    loss.backward()
+    assert model.blocks[0].mlp.W_gate.grad is not None and model.blocks[0].mlp.W_gate.grad.abs().sum() > 0

@@ -13,6 +13,14 @@ pattern or the per-head result, or computes gradients.
 Results equal TransformerLens's up to floating-point rounding (tested in float32: within 1e-5 relative; in
 bfloat16 both round differently, and the detectors' AUCs moved by at most 0.005). Hand-timed forwards on 2 cores
 ran 1.2x (float32) to 1.4x (bfloat16) faster; bench_detect's scoring path showed no gain (0.99x) in one run.
+
+The same passes run each gated MLP (LLaMA, Gemma, Qwen, ...) as one GEMM for gate and input together, the
+activation and product in place, and the output GEMM, on weights laid out once (``_fused_mlp_forward``).
+TransformerLens copies all three [d_model, d_mlp] weights into F.linear's layout on every call and adds a zero
+``b_in`` over the whole [batch, pos, d_mlp] activation: 9% of a bfloat16 SmolLM2 forward on 8 x 230 tokens on
+2 cores (1111 -> 1011 ms, hand-timed), with the same numbers bit for bit there in bfloat16 and float32. An MLP
+whose ``hook_pre``, ``hook_pre_linear`` or ``hook_post`` has a hook, or a pass with gradients, runs
+TransformerLens's forward.
 """
 
 from __future__ import annotations
@@ -130,6 +138,38 @@ def _flat_weight(attn, name: str):
     return held[name][1]
 
 
+def _fused_mlp_forward(self, x):
+    """TransformerLens's ``GatedMLP.forward`` on weights laid out once (see the module docstring)."""
+    import torch
+    import torch.nn.functional as F
+
+    if torch.is_grad_enabled() or x.device != self.W_gate.device or any(
+            hook._forward_hooks or hook._forward_pre_hooks
+            for hook in (self.hook_pre, self.hook_pre_linear, self.hook_post)):
+        return type(self).forward(self, x)
+    weights = (self.W_gate, self.W_in, self.W_out, self.b_in)
+    key = tuple((w.data_ptr(), w._version, w.dtype, w.device, tuple(w.shape)) for w in weights)
+    held = self.__dict__.get("_fused_weights")
+    if held is None or held[0] != key:  # rebuilt whenever a weight is replaced or edited in place
+        gate_in = torch.cat([self.W_gate.detach().T, self.W_in.detach().T]).contiguous()  # [2 d_mlp, d_model]
+        held = (key, gate_in, self.W_out.detach().T.contiguous(), bool(self.b_in.detach().any()))
+        self.__dict__["_fused_weights"] = held
+    _, gate_in, out, has_b_in = held
+    d_mlp = self.W_gate.shape[1]
+    both = F.linear(x, gate_in)
+    post = self.act_fn(both[..., :d_mlp]).mul_(both[..., d_mlp:])
+    if has_b_in:  # TransformerLens adds b_in after the product; adding zeros changes nothing
+        post += self.b_in
+    return F.linear(post, out, self.b_out)
+
+
+def _fused_mlps(model) -> list:
+    from transformer_lens.components import GatedMLP
+
+    return [block.mlp for block in getattr(model, "blocks", []) if type(getattr(block, "mlp", None)) is GatedMLP
+            and not (model.cfg.is_layer_norm_activation() and getattr(block.mlp, "ln", None) is not None)]
+
+
 def _fused_layers(model, hook_names) -> list:
     names = list(hook_names)
     if not enabled() or any(not isinstance(h, str) or h.rsplit(".", 1)[-1] in INTERNALS for h in names):
@@ -144,14 +184,17 @@ def implementation(model, hook_names=()) -> str:
 
 @contextlib.contextmanager
 def fused_attention(model, hook_names=()):
-    """Within the block, the supported attention layers of ``model`` run fused (see the module docstring);
-    ``hook_names``: the hooks the pass will use (any of ``INTERNALS``, or a non-name filter, keeps
-    TransformerLens's attention everywhere)."""
+    """Within the block, the supported attention layers and the gated MLPs of ``model`` run fused (see the module
+    docstring); ``hook_names``: the hooks the pass will use (any of ``INTERNALS``, or a non-name filter, keeps
+    TransformerLens's attention everywhere; an MLP checks its own hooks when it runs)."""
     layers = _fused_layers(model, hook_names)
+    mlps = _fused_mlps(model) if enabled() else []
     for attn in layers:
         attn.forward = types.MethodType(_fused_forward, attn)
+    for mlp in mlps:
+        mlp.forward = types.MethodType(_fused_mlp_forward, mlp)
     try:
         yield len(layers)
     finally:
-        for attn in layers:
-            attn.__dict__.pop("forward", None)
+        for module in layers + mlps:
+            module.__dict__.pop("forward", None)
