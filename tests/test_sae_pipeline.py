@@ -255,3 +255,58 @@ def test_load_sae_names_a_bad_config_takes_the_site_and_fails_fast_offline(tiny,
     monkeypatch.setattr(loading, "hub_reachable", lambda timeout=3.0: False)
     with pytest.raises(WorkbenchError, match="not in the Hugging Face cache and the hub is unreachable"):
         load_sae("gpt2-small-resid-post-v5-32k", "blocks.0.hook_resid_post")
+
+
+def _lopsided_batches(seed: int, batch: int = 256):
+    """Endless batches of 32-d sparse codes over a random dictionary, plus two dimensions 300x larger that vary
+    on their own: the shape of Gemma 3's residual (a few huge dimensions) in miniature."""
+    gen = torch.Generator().manual_seed(seed)
+    atoms = torch.nn.functional.normalize(torch.randn(96, 32, generator=torch.Generator().manual_seed(99)), dim=1)
+    while True:
+        codes = torch.rand(batch, 96, generator=gen) * (torch.rand(batch, 96, generator=gen) < 0.05)
+        x = codes @ atoms
+        x[:, :2] += 300 * (1 + 0.2 * torch.randn(batch, 2, generator=gen))
+        yield x
+
+
+def test_standardized_sae_reads_raw_inputs_and_keeps_the_small_dimensions(tmp_path):
+    """normalize="standardize": trained on (x - mean) / std, saved folded (it reads raw activations, SAELens
+    config "none"), and it reconstructs the small dimensions a "norm" SAE gives up for the two huge ones."""
+    from workbench.sae.train import TrainConfig, train_sae
+
+    test = next(_lopsided_batches(7, 2048))
+    per_dim = {}
+    for normalize in ("norm", "standardize"):
+        cfg = TrainConfig(site=SITE, d_sae=128, k=8, n_tokens=60_000, batch_size=256, lr=2e-3, n_checkpoints=0,
+                          normalize=normalize)
+        sae = train_sae(cfg, _lopsided_batches(0), 32, tmp_path / normalize, resume=False, progress=False)
+        assert sae.cfg.normalize_activations == "none"  # folded: raw activations in, raw reconstructions out
+        with torch.no_grad():
+            error = (sae.decode(sae.encode(test)) - test).pow(2).sum(0)
+        per_dim[normalize] = 1 - error / (test - test.mean(0)).pow(2).sum(0)
+        assert json.loads((tmp_path / normalize / "workbench.json").read_text())["config"]["normalize"] == normalize
+    small = slice(2, None)
+    assert per_dim["standardize"][small].median() > per_dim["norm"][small].median() + 0.2
+    assert per_dim["standardize"][small].median() > 0.5
+
+
+def test_sae_recorded_before_normalize_existed_is_reused_not_retrained(trained, store, tmp_path):
+    import shutil
+
+    from workbench.sae.train import TrainConfig, check_sae_folder, held_config, store_batches, train_sae
+
+    _, out, cfg = trained
+    old = tmp_path / "old"
+    shutil.copytree(out, old)
+    meta = json.loads((old / "workbench.json").read_text())
+    del meta["config"]["normalize"]  # as every SAE trained before the option was written
+    (old / "workbench.json").write_text(json.dumps(meta))
+    weights = (old / "sae_weights.safetensors").stat().st_mtime_ns
+    assert held_config(old)["normalize"] == "norm"
+    check_sae_folder(old, {"normalize": "norm"})
+    with pytest.raises(WorkbenchError, match="other settings"):
+        check_sae_folder(old, {"normalize": "standardize"})
+    train_sae(cfg, store_batches(store, SITE, 256), 64, old, progress=False)
+    assert (old / "sae_weights.safetensors").stat().st_mtime_ns == weights
+    with pytest.raises(WorkbenchError, match="--normalize 'zscore'"):
+        TrainConfig(site=SITE, normalize="zscore")

@@ -495,6 +495,9 @@ def sae_train(
     d_sae: Annotated[int | None, typer.Option(help="dictionary size (default: 8 x d_model)")] = None,
     k: Annotated[int, typer.Option(help="active features (topk)")] = 32,
     l1_coefficient: Annotated[float, typer.Option(help="sparsity penalty (standard)")] = 5.0,
+    normalize: Annotated[str, typer.Option(
+        help="what the trainer sees, folded into the saved SAE: norm (mean norm sqrt(d)), standardize (each "
+             "dimension to mean 0, std 1: for residuals with a few huge dimensions) or whiten (PCA)")] = "norm",
     lr: Annotated[float, typer.Option(help="learning rate")] = 4e-4,
     batch_size: Annotated[int, typer.Option(help="activations per optimizer step")] = 1024,
     block_len: Annotated[int, typer.Option(help="tokens per corpus block")] = 128,
@@ -522,8 +525,8 @@ def sae_train(
     from workbench.commands.sae import run_train
 
     _echo_json(run_train(model=model, site=site, architecture=architecture, n_tokens=n_tokens, train_tokens=train_tokens,
-                         d_sae=d_sae, k=k, l1_coefficient=l1_coefficient, lr=lr, batch_size=batch_size,
-                         block_len=block_len, eval_tokens=eval_tokens, source=source, collect_budget_s=budget, name=name,
+                         d_sae=d_sae, k=k, l1_coefficient=l1_coefficient, normalize=normalize, lr=lr,
+                         batch_size=batch_size, block_len=block_len, eval_tokens=eval_tokens, source=source, collect_budget_s=budget, name=name,
                          overwrite=overwrite, seed=seed, activations=activations, engine=engine, workers=workers,
                          address=address, collect_dtype=collect_dtype))
 

@@ -43,7 +43,8 @@ def default_store_path(model, sites: list[str], n_tokens: int, block_len: int, s
 
 def run_train(model="smollm2-135m", site: str = "blocks.12.hook_resid_post", name: str | None = None,
               architecture: str = "topk", n_tokens: int = 2_000_000, train_tokens: int | None = None,
-              d_sae: int | None = None, k: int = 32, l1_coefficient: float = 5.0, lr: float = 4e-4,
+              d_sae: int | None = None, k: int = 32, l1_coefficient: float = 5.0, normalize: str = "norm",
+              lr: float = 4e-4,
               batch_size: int = 1024, block_len: int = 128, source: str | None = None,
               activations: str | None = None, collect_sites: list[str] | None = None,
               collect_budget_s: float | None = None, eval_tokens: int = 4096, overwrite: bool = False,
@@ -91,8 +92,8 @@ def run_train(model="smollm2-135m", site: str = "blocks.12.hook_resid_post", nam
         check_int("train_tokens", train_tokens, low=1)
     if collect_budget_s is not None:
         check_number("budget", collect_budget_s, low=0)
-    cfg = TrainConfig(site=site, architecture=architecture, d_sae=d_sae, k=k, l1_coefficient=l1_coefficient, lr=lr,
-                      batch_size=batch_size, n_tokens=train_tokens or n_tokens, seed=seed)
+    cfg = TrainConfig(site=site, architecture=architecture, d_sae=d_sae, k=k, l1_coefficient=l1_coefficient,
+                      normalize=normalize, lr=lr, batch_size=batch_size, n_tokens=train_tokens or n_tokens, seed=seed)
     if name is not None:
         safe_name(name, "--name")
     model = _model(model)

@@ -30,6 +30,12 @@ from workbench.store import ActivationStore
 log = logging.getLogger(__name__)
 
 ARCHITECTURES = ("topk", "standard")
+# How the trainer sees activations, each folded into the saved SAE so that it reads raw activations:
+# "norm": one scalar bringing the mean norm to sqrt(d_in) (SAELens's expected_average_only_in);
+# "standardize": each dimension to zero mean and unit variance, estimated from the first batches like "norm";
+# "whiten": SAELens's PCA whitening (zero mean, identity covariance). A residual stream with a few huge
+# dimensions (Gemma 3's blocks.9: two hold 97% of the mean square) trains a "norm" SAE mostly dead.
+NORMALIZATIONS = ("norm", "standardize", "whiten")
 META_FILE = "workbench.json"
 FEATURES_FILE = "features.json"  # what `sae features` and `sae interference` write beside an SAE
 EMBEDDINGS_FILE = "description_embeddings.npy"
@@ -243,6 +249,7 @@ class TrainConfig:
     d_sae: int | None = None  # default: expansion * d_in
     expansion: int = 8
     k: int = 32  # topk
+    normalize: str = "norm"  # NORMALIZATIONS
     l1_coefficient: float = 5.0  # standard (on activations normalised to norm sqrt(d_in))
     lr: float = 4e-4
     batch_size: int = 1024
@@ -258,6 +265,8 @@ class TrainConfig:
             raise WorkbenchError(f"site {self.site!r} must be a hook name, e.g. blocks.12.hook_resid_post")
         if self.architecture not in ARCHITECTURES:
             raise WorkbenchError(f"unknown SAE architecture {self.architecture!r}: use one of {', '.join(ARCHITECTURES)}")
+        if self.normalize not in NORMALIZATIONS:
+            raise WorkbenchError(f"unknown --normalize {self.normalize!r}: use one of {', '.join(NORMALIZATIONS)}")
         for name in ("expansion", "k", "batch_size", "n_tokens", *(("d_sae",) if self.d_sae is not None else ())):
             check_int(name, getattr(self, name), low=1)
         check_int("n_checkpoints", self.n_checkpoints, low=0)
@@ -306,7 +315,8 @@ def _training_sae(cfg: TrainConfig, d_in: int):
     from sae_lens.saes.standard_sae import StandardTrainingSAE, StandardTrainingSAEConfig
     from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig
 
-    common = dict(d_in=d_in, d_sae=cfg.dict_size(d_in), normalize_activations="expected_average_only_in",
+    scheme = "expected_average_only_in" if cfg.normalize == "norm" else "covariance_whitening"  # see NORMALIZATIONS
+    common = dict(d_in=d_in, d_sae=cfg.dict_size(d_in), normalize_activations=scheme,
                   metadata=SAEMetadata(hook_name=cfg.site, model_name=cfg.model_name))
     if cfg.architecture == "topk":
         return TopKTrainingSAE(TopKTrainingSAEConfig(k=cfg.k, **common))
@@ -319,6 +329,7 @@ def _latest_checkpoint(folder: Path) -> Path | None:
 
 
 CHECKPOINT_CONFIG = "config.json"  # in checkpoints/: the config the checkpoints belong to
+ADDED_FIELDS = {"normalize": "norm"}  # settings added later, as every SAE recorded before them was trained
 OWNED = ("cfg.json", "sae_weights.safetensors", META_FILE, FEATURES_FILE, EMBEDDINGS_FILE, INTERFERENCE_FILE)
 
 
@@ -331,10 +342,10 @@ def held_config(out: str | Path) -> dict | None:
     out = Path(out)
     meta = read_meta(out)
     if (out / "cfg.json").exists() and "config" in meta:
-        return meta["config"]
+        return _recorded(meta["config"])
     file = out / "checkpoints" / CHECKPOINT_CONFIG
     if file.exists():
-        return _read_json(file)
+        return _recorded(_read_json(file))
     has_checkpoints = (out / "checkpoints").is_dir() and _latest_checkpoint(out / "checkpoints") is not None
     return {} if has_checkpoints or (out / "cfg.json").exists() else None
 
@@ -362,6 +373,11 @@ def check_sae_folder(out: str | Path, wanted: dict, overwrite: bool = False, act
 
 
 _MISSING = object()
+
+
+def _recorded(config: dict | None) -> dict | None:
+    """A recorded config with the settings added since filled in as it was trained (``ADDED_FIELDS``)."""
+    return None if config is None else {**ADDED_FIELDS, **config}
 
 
 def store_identity(store: ActivationStore) -> str:
@@ -400,7 +416,7 @@ def _train(cfg: TrainConfig, batches: Iterator, d_in: int, out: Path, resume: bo
     ckpt_dir = out / "checkpoints"
     steps = cfg.n_tokens // cfg.batch_size
     done = read_meta(out)
-    if resume and done.get("config") == asdict(cfg) and done.get("tokens_trained", 0) >= steps * cfg.batch_size \
+    if resume and _recorded(done.get("config")) == asdict(cfg) and done.get("tokens_trained", 0) >= steps * cfg.batch_size \
             and (out / "cfg.json").exists():
         log.info("%s is already trained with this config: loaded, not retrained", out)
         return SAE.load_from_disk(str(out))
@@ -422,6 +438,8 @@ def _train(cfg: TrainConfig, batches: Iterator, d_in: int, out: Path, resume: bo
         raise WorkbenchError(f"{out} holds a checkpoint with d_in {sae.cfg.d_in}, not the activations' {d_in}: "
                              "pass --overwrite to replace it")
     trainer = SAETrainer(tcfg, sae, batches)
+    if cfg.normalize == "standardize" and not latest:  # a checkpoint holds its own statistics
+        trainer.activation_scaler.whitening = standardization(batches, d_in, tcfg.n_batches_for_norm_estimate)
     if latest:
         trainer.load_trainer_state(latest)
         trainer.checkpoint_thresholds = [t for t in trainer.checkpoint_thresholds if t >= trainer.n_training_samples]
@@ -437,6 +455,24 @@ def _train(cfg: TrainConfig, batches: Iterator, d_in: int, out: Path, resume: bo
             "steps": trainer.n_training_steps, "d_in": d_in, "d_sae": trained.cfg.d_sae}
     write_json_atomic(out / META_FILE, meta)  # last: the record that the SAE in ``out`` is finished
     return SAE.load_from_disk(str(out))
+
+
+def standardization(batches: Iterator, d_in: int, n_batches: int):
+    """Per-dimension standardisation ``(x - mean) / std`` from the next ``n_batches`` batches, as the diagonal
+    whitening SAELens's trainer applies, checkpoints and folds into the saved SAE (``fold_activation_whitening``:
+    W_enc <- diag(1/std) W_enc, W_dec <- W_dec diag(std), b_dec <- b_dec * std + mean). Float64, as SAELens keeps
+    its own whitening, so the fold is exact; a constant dimension keeps std 1."""
+    import torch
+    from sae_lens.training.activation_scaler import ActivationWhitening
+
+    count, total, squares = 0, torch.zeros(d_in, dtype=torch.float64), torch.zeros(d_in, dtype=torch.float64)
+    for _ in range(n_batches):
+        x = next(batches).to(torch.float64).reshape(-1, d_in)
+        count, total, squares = count + len(x), total + x.sum(0), squares + (x * x).sum(0)
+    mean = total / count
+    std = ((squares - count * mean**2).clamp_min(0) / max(count - 1, 1)).sqrt()
+    std = torch.where(std > 1e-8 * std.max().clamp_min(1e-30), std, torch.ones_like(std))
+    return ActivationWhitening(mean=mean, matrix=torch.diag(1 / std), inverse_matrix=torch.diag(std))
 
 
 @contextlib.contextmanager

@@ -1,11 +1,13 @@
 """Why the Gemma 3 SAE has so many dead features: its blocks.9 residual, and an SAE on standardised inputs.
 
 Gemma 3's blocks.9 residual has two channels that hold most of the mean square; the SAE's MSE is then about
-those channels. This measures the channels' share, then trains two TopK SAEs (k 32, 2,048 features, the same
-settings and batches) on the raw activations and on per-dimension standardised ones ((x - mean) / std, from a
-sample of the training batches), and scores both in raw space on held-out corpus tokens: explained variance,
-the median per-dimension explained variance, dead fraction. Minutes on 2 cores; not the study's SAE (400k
-tokens, not 2M). Writes ``gemma_sae_inputs.json`` beside this file.
+those channels. This measures the channels' share, then trains TopK SAEs (k 32, 2,048 features, the same settings and
+batches) with each of ``sae train --normalize``'s input normalisations (norm: one scalar, the default;
+standardize: each dimension to mean 0, std 1; whiten: SAELens's PCA whitening; each folded into the saved SAE,
+so all read raw activations) and scores them in raw space on held-out corpus tokens: explained variance, the
+median per-dimension explained variance, dead fraction. Minutes on 2 cores; not the study's SAE (400k tokens,
+not 2M). Writes ``gemma_sae_inputs.json`` beside this file (``--tokens`` other than 400k: beside it, named by
+the count).
 
     python studies/polysemantic_interference/experiments/gemma_sae_inputs.py [--tokens 400000] [--seed 0]
 """
@@ -39,9 +41,6 @@ def main() -> None:
     x = test.get(SITE).float()
     square = (x**2).mean(0)
     centred = ((x - x.mean(0)) ** 2).mean(0)
-    batches = store_batches(train, SITE, 1024, seed=args.seed + 5)
-    sample = torch.cat([next(batches) for _ in range(40)])
-    mu, sd = sample.mean(0), sample.std(0).clamp_min(1e-6)
     out = {"site": SITE, "train_tokens": args.tokens, "test_tokens": len(x), "seed": args.seed,
            "model_dtype": str(model.cfg.dtype), "versions": versions(),
            "top_channels_share_of_mean_square": {int(i): round(float(v / square.sum()), 4)
@@ -50,16 +49,15 @@ def main() -> None:
            "token_norm_percentiles_1_50_99": [round(float(q), 1) for q in x.norm(dim=1).quantile(
                torch.tensor([0.01, 0.5, 0.99]))],
            "saes": {}}
-    for name, fwd, back in (("raw", lambda v: v, lambda v: v),
-                            ("standardised", lambda v: (v - mu) / sd, lambda v: v * sd + mu)):
+    for name in ("norm", "standardize", "whiten"):
         cfg = TrainConfig(site=SITE, d_sae=2048, k=32, n_tokens=args.tokens, seed=args.seed, n_checkpoints=0,
-                          model_name="gemma3-270m", data=f"{train.path}:{name}")
+                          normalize=name, model_name="gemma3-270m", data=str(train.path))
         started = time.perf_counter()
-        sae = train_sae(cfg, (fwd(b) for b in store_batches(train, SITE, cfg.batch_size, seed=args.seed)), x.shape[1],
+        sae = train_sae(cfg, store_batches(train, SITE, cfg.batch_size, seed=args.seed), x.shape[1],
                         work / f"sae-{name}", resume=False, progress=False)
         with torch.no_grad():
-            f = sae.encode(fwd(x))
-            xh = back(sae.decode(f))
+            f = sae.encode(x)
+            xh = sae.decode(f)
         per_dim = 1 - ((x - xh) ** 2).sum(0) / ((x - x.mean(0)) ** 2).sum(0)
         out["saes"][name] = {
             "explained_variance_raw": round(float(1 - ((x - xh) ** 2).sum() / ((x - x.mean(0)) ** 2).sum()), 4),
@@ -68,7 +66,8 @@ def main() -> None:
             "l0": round(float((f > 0).sum(1).float().mean()), 1),
             "train_seconds": round(time.perf_counter() - started, 1)}
         print(name, out["saes"][name], flush=True)
-    (Path(__file__).with_suffix(".json")).write_text(json.dumps(out, indent=1))
+    suffix = "" if args.tokens == 400_000 else f"_{args.tokens}"
+    Path(__file__).with_name(f"gemma_sae_inputs{suffix}.json").write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
