@@ -10,7 +10,7 @@ Scoring: the trained detector's prompts per second on ~200-token prompts (genera
 message only, as `workbench detect --prompts` reads them), in the dtype `workbench detect` picks here (``auto``:
 bfloat16 on a CPU with AVX512-BF16/AMX) and in float32, against the issue's floor of 10 prompts/s, and
 against a named baseline measured in the same run: the features of the first detector layout (three mid
-layers 6, 12, 18 of SmolLM2 and the TaskTracker delta pass, float32, TransformerLens's attention; ratio = ours /
+layers 6, 12, 18 of SmolLM2 and the TaskTracker delta pass, float32, TransformerLens's attention and MLP; ratio = ours /
 baseline, > 1 is faster).
 
     python bench/bench_detect.py [--quick] [--model smollm2-135m]
@@ -112,9 +112,9 @@ def main() -> None:
                  "target": f">= {SCORE_FLOOR:.0f}/s", "ratio": ours / SCORE_FLOOR})
     rows.append({"what": f"{what}, float32: a CPU without bfloat16)", "prompts_per_s": ours_float32,
                  "target": f">= {SCORE_FLOOR:.0f}/s", "ratio": ours_float32 / SCORE_FLOOR})
-    rows.append({"what": f"{what}, {hooked.workbench['dtype']}, TransformerLens attention)",
+    rows.append({"what": f"{what}, {hooked.workbench['dtype']}, TransformerLens attention and MLP)",
                  "prompts_per_s": unfused, "target": "same run", "ratio": ours / unfused})
-    rows.append({"what": "baseline: layers 6,12,18 + delta features, float32, TransformerLens attention",
+    rows.append({"what": "baseline: layers 6,12,18 + delta features, float32, TransformerLens attention and MLP",
                  "prompts_per_s": baseline, "target": "same run", "ratio": ours / baseline})
     print(f"{len(prompts)} prompts of {tokens:.0f} tokens on average")
     print_table(rows, ["what", "seconds", "prompts_per_s", "target", "ratio"])

@@ -4,7 +4,7 @@ Gemma 3's blocks.9 residual has two channels that hold most of the mean square; 
 those channels. This measures the channels' share, then trains TopK SAEs (k 32, 2,048 features, the same settings and
 batches) with each of ``sae train --normalize``'s input normalisations (norm: one scalar, the default;
 standardize: each dimension to mean 0, std 1; whiten: SAELens's PCA whitening; each folded into the saved SAE,
-so all read raw activations) and scores them in raw space on held-out corpus tokens: explained variance, the
+so all read raw activations), then whitened ones at higher learning rates and with k 64, and scores them in raw space on held-out corpus tokens: explained variance, the
 median per-dimension explained variance, dead fraction. Minutes on 2 cores; not the study's SAE (400k tokens,
 not 2M). Writes ``gemma_sae_inputs.json`` beside this file (``--tokens`` other than 400k: beside it, named by
 the count).
@@ -49,12 +49,15 @@ def main() -> None:
            "token_norm_percentiles_1_50_99": [round(float(q), 1) for q in x.norm(dim=1).quantile(
                torch.tensor([0.01, 0.5, 0.99]))],
            "saes": {}}
-    for name in ("norm", "standardize", "whiten"):
-        cfg = TrainConfig(site=SITE, d_sae=2048, k=32, n_tokens=args.tokens, seed=args.seed, n_checkpoints=0,
-                          normalize=name, model_name="gemma3-270m", data=str(train.path))
+    runs = {"norm": {}, "standardize": {"normalize": "standardize"}, "whiten": {"normalize": "whiten"},
+            **{f"whiten lr {lr:g}": {"normalize": "whiten", "lr": lr} for lr in (1e-3, 2e-3, 4e-3)},
+            "whiten lr 0.002 k 64": {"normalize": "whiten", "lr": 2e-3, "k": 64}}
+    for name, settings in runs.items():
+        cfg = TrainConfig(site=SITE, d_sae=2048, seed=args.seed, n_tokens=args.tokens, n_checkpoints=0,
+                          model_name="gemma3-270m", data=str(train.path), **{"k": 32, **settings})
         started = time.perf_counter()
         sae = train_sae(cfg, store_batches(train, SITE, cfg.batch_size, seed=args.seed), x.shape[1],
-                        work / f"sae-{name}", resume=False, progress=False)
+                        work / f"sae-{name.replace(' ', '-')}", resume=False, progress=False)
         with torch.no_grad():
             f = sae.encode(x)
             xh = sae.decode(f)
