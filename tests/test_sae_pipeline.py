@@ -270,13 +270,14 @@ def _lopsided_batches(seed: int, batch: int = 256):
 
 
 def test_standardized_sae_reads_raw_inputs_and_keeps_the_small_dimensions(tmp_path):
-    """normalize="standardize": trained on (x - mean) / std, saved folded (it reads raw activations, SAELens
-    config "none"), and it reconstructs the small dimensions a "norm" SAE gives up for the two huge ones."""
+    """normalize="standardize" (trained on (x - mean) / std) and "whiten" (SAELens's PCA whitening): saved
+    folded (they read raw activations, SAELens config "none"), and they reconstruct the small dimensions a "norm"
+    SAE gives up for the two huge ones."""
     from workbench.sae.train import TrainConfig, train_sae
 
     test = next(_lopsided_batches(7, 2048))
     per_dim = {}
-    for normalize in ("norm", "standardize"):
+    for normalize in ("norm", "standardize", "whiten"):
         cfg = TrainConfig(site=SITE, d_sae=128, k=8, n_tokens=60_000, batch_size=256, lr=2e-3, n_checkpoints=0,
                           normalize=normalize)
         sae = train_sae(cfg, _lopsided_batches(0), 32, tmp_path / normalize, resume=False, progress=False)
@@ -286,8 +287,9 @@ def test_standardized_sae_reads_raw_inputs_and_keeps_the_small_dimensions(tmp_pa
         per_dim[normalize] = 1 - error / (test - test.mean(0)).pow(2).sum(0)
         assert json.loads((tmp_path / normalize / "workbench.json").read_text())["config"]["normalize"] == normalize
     small = slice(2, None)
-    assert per_dim["standardize"][small].median() > per_dim["norm"][small].median() + 0.2
-    assert per_dim["standardize"][small].median() > 0.5
+    for normalize in ("standardize", "whiten"):
+        assert per_dim[normalize][small].median() > per_dim["norm"][small].median() + 0.2
+        assert per_dim[normalize][small].median() > 0.5
 
 
 def test_sae_recorded_before_normalize_existed_is_reused_not_retrained(trained, store, tmp_path):
