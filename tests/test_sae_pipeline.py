@@ -136,6 +136,8 @@ def test_standard_sae_trains_and_resumes(store, tmp_path):
     (tmp_path / "workbench.json").unlink()
     resumed = train_sae(cfg, store_batches(store, SITE, 256), 64, tmp_path, progress=False)
     assert resumed.cfg.d_sae == 128 and json.loads((tmp_path / "workbench.json").read_text())["tokens_trained"] == 10_240
+    # on the batches the uninterrupted run saw after its checkpoint (those of the norm estimate skipped too)
+    torch.testing.assert_close(resumed.W_dec, sae.W_dec, rtol=1e-5, atol=1e-6)
 
 
 def test_evaluate_sae_metrics(tiny, trained, text_source):

@@ -443,7 +443,10 @@ def _train(cfg: TrainConfig, batches: Iterator, d_in: int, out: Path, resume: bo
     if latest:
         trainer.load_trainer_state(latest)
         trainer.checkpoint_thresholds = [t for t in trainer.checkpoint_thresholds if t >= trainer.n_training_samples]
-        for _ in range(trainer.n_training_steps):  # the same batches as an uninterrupted run
+        # the same batches as an uninterrupted run: it drew the normalisation estimate's first (every NORMALIZATIONS
+        # entry estimates; a checkpoint keeps the estimate), then one per sample batch trained (the checkpoint is
+        # written before its step is counted in n_training_steps)
+        for _ in range(tcfg.n_batches_for_norm_estimate + trainer.n_training_samples // cfg.batch_size):
             next(batches)
         log.info("resumed %s at %d tokens", out, trainer.n_training_samples)
     with contextlib.ExitStack() as stack:
