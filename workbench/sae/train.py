@@ -480,15 +480,20 @@ def standardization(batches: Iterator, d_in: int, n_batches: int):
 
 @contextlib.contextmanager
 def _quiet_tqdm():
-    """SAETrainer makes its own bar; silence it when the caller asked for no progress."""
-    import sae_lens.training.sae_trainer as st
+    """SAETrainer makes its own bars (training, and the normalisation estimate's in its activation scaler);
+    silence them when the caller asked for no progress."""
+    import sae_lens.training.activation_scaler as scaler
+    import sae_lens.training.sae_trainer as trainer
 
-    original = st.tqdm
-    st.tqdm = lambda *a, **k: original(*a, **{**k, "disable": True})
+    modules = (trainer, scaler)
+    originals = [m.tqdm for m in modules]
+    for m, original in zip(modules, originals, strict=True):
+        m.tqdm = lambda *a, _original=original, **k: _original(*a, **{**k, "disable": True})
     try:
         yield
     finally:
-        st.tqdm = original
+        for m, original in zip(modules, originals, strict=True):
+            m.tqdm = original
 
 
 # ----------------------------------------------------------------------------- evaluation
