@@ -219,3 +219,37 @@ def test_shared_interference_finds_repeated_geometry():
     assert abs(other["table_spearman"]["rho"]) < 0.2 and other["unrelated_interfering"]["p"] > 0.01
     with pytest.raises(WorkbenchError, match="lower min_similarity"):
         shared_interference({"pairs": pairs, "unrelated_interfering": unrelated}, Wa, Wb, {0: (0, 1.0)})
+
+
+def test_coactivation_is_the_jaccard_of_firing_sets(tiny, sae, tmp_path):
+    """Counted from each token's active features, it equals the Jaccard of the two features' firing sets over
+    every stored token, for pairs in either order, a feature with itself, and a feature that never fires."""
+    from workbench.sae.interference import coactivation
+    from workbench.sae.train import collect_activations
+
+    site = sae.cfg.metadata.hook_name
+    store = collect_activations(tiny, [site], tmp_path / "acts", n_tokens=40 * 32, block_len=32, split="all",
+                                source=_text(tmp_path), batch_size=8, shard_blocks=16,
+                                progress=False)
+    x = torch.cat([store.read_shard(s, [site]).tensors[site].float() for s in range(len(store.manifest["shards"]))])
+    with torch.no_grad():
+        active = sae.encode(x) > 0
+    fired = torch.nonzero(active.any(0)).flatten().tolist()
+    silent = [f for f in range(active.shape[1]) if f not in fired]
+    pairs = [[fired[0], fired[1]], [fired[1], fired[0]], [fired[0], fired[0]], [fired[2], fired[-1]]]
+    pairs += [[fired[0], silent[0]]] if silent else []
+    got = coactivation(sae, store, pairs, batch_size=50)
+    for (i, j), g in zip(pairs, got, strict=True):
+        union = (active[:, i] | active[:, j]).sum().item()
+        assert g == pytest.approx((active[:, i] & active[:, j]).sum().item() / max(union, 1))
+    assert got[2] == 1.0 and got[0] == got[1]
+
+
+def _text(tmp_path):
+    folder = tmp_path / "text"
+    folder.mkdir()
+    words = ["river", "bank", "money", "loan", "water", "fish", "stream", "credit"]
+    rng = np.random.default_rng(1)
+    for d in range(6):
+        (folder / f"doc{d}.txt").write_text(" ".join(" ".join(rng.choice(words, 8)) + "." for _ in range(40)))
+    return folder
