@@ -131,11 +131,17 @@ def _flat_weight(attn, name: str):
     counter changes: quantization and the backdoor's weight edits ``copy_`` into it; an edit through ``.data``,
     which PyTorch does not version, is not seen)."""
     w = getattr(attn, name)
-    key = (w.data_ptr(), w._version, w.dtype, w.device, tuple(w.shape))
+    key = _layout_key(w)
     held = attn.__dict__.setdefault("_flat_weights", {})
     if name not in held or held[name][0] != key:
         held[name] = (key, w.detach().permute(0, 2, 1).reshape(-1, w.shape[1]).contiguous())
     return held[name][1]
+
+
+def _layout_key(w) -> tuple:
+    """What a weight laid out once from ``w`` depends on: its storage, its version counter (bumped by in-place
+    edits such as ``copy_``), dtype, device and shape."""
+    return (w.data_ptr(), w._version, w.dtype, w.device, tuple(w.shape))
 
 
 def _fused_mlp_forward(self, x):
@@ -147,8 +153,7 @@ def _fused_mlp_forward(self, x):
             hook._forward_hooks or hook._forward_pre_hooks
             for hook in (self.hook_pre, self.hook_pre_linear, self.hook_post)):
         return type(self).forward(self, x)
-    weights = (self.W_gate, self.W_in, self.W_out, self.b_in)
-    key = tuple((w.data_ptr(), w._version, w.dtype, w.device, tuple(w.shape)) for w in weights)
+    key = tuple(_layout_key(w) for w in (self.W_gate, self.W_in, self.W_out, self.b_in))
     held = self.__dict__.get("_fused_weights")
     if held is None or held[0] != key:  # rebuilt whenever a weight is replaced or edited in place
         gate_in = torch.cat([self.W_gate.detach().T, self.W_in.detach().T]).contiguous()  # [2 d_mlp, d_model]
