@@ -172,7 +172,8 @@ def run_features(sae: str, model="smollm2-135m", activations: str | None = None,
 
 
 def run_interference(sae: str, model="smollm2-135m", k: int = 32, min_interference: float = 0.3,
-                     cutoff: float = 0.40, coactivation: bool = True, block_size: int = 1024) -> dict:
+                     cutoff: float = 0.40, coactivation: bool = True, block_size: int = 1024,
+                     progress: bool = True) -> dict:
     """Interference bins and base rates, clusters at the reference cutoffs, unrelated-yet-interfering pairs."""
     import numpy as np
 
@@ -208,7 +209,7 @@ def run_interference(sae: str, model="smollm2-135m", k: int = 32, min_interferen
             p["shared_neurons"] = float(s)
         store_path = read_meta(folder).get("activations")
         if coactivation and store_path:
-            for p, c in zip(pairs, coact(sae_obj, ActivationStore(store_path), ij), strict=True):
+            for p, c in zip(pairs, coact(sae_obj, ActivationStore(store_path), ij, progress=progress), strict=True):
                 p["coactivation"] = float(c)
     unrelated = unrelated_interfering(pairs, min_interference, cutoff)
     result = {

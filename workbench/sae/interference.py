@@ -122,13 +122,16 @@ def unrelated_interfering(pairs: list[dict], min_interference: float = 0.3, cuto
     return sorted(out, key=lambda p: -p["interference"])
 
 
-def coactivation(sae, store, pairs, site: str | None = None, batch_size: int = 4096) -> np.ndarray:
+def coactivation(sae, store, pairs, site: str | None = None, batch_size: int = 4096,
+                 progress: bool = True) -> np.ndarray:
     """Per pair, P(both fire) / P(either fires) (Jaccard of firing sets) over the store's tokens.
 
     Counted from each token's few active features (the pairs among them, bincounted), never a [tokens, pairs]
     mask: with Gemma's 2M-token store and ~65k pairs that mask kept the study's interference step busy for over
     ten minutes."""
     import torch
+
+    from workbench.progress import progress_bar
 
     site = site or sae.cfg.metadata.hook_name
     pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
@@ -138,7 +141,8 @@ def coactivation(sae, store, pairs, site: str | None = None, batch_size: int = 4
     both = torch.zeros(len(wanted), dtype=torch.long)
     fires = torch.zeros(d, dtype=torch.long)
     with torch.no_grad():
-        for s in range(len(store.manifest["shards"])):
+        shards = range(len(store.manifest["shards"]))
+        for s in progress_bar(shards, desc="coactivation", unit="shard", disable=not progress):
             x = store.read_shard(s, [site]).tensors[site].float()
             for b in range(0, len(x), batch_size):
                 active = sae.encode(x[b : b + batch_size]) > 0
