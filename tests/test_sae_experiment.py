@@ -67,3 +67,20 @@ def test_polysemantic_job_with_a_partner(tmp_path, monkeypatch, text_source):
     assert "shared," in stats and "interfering," in stats
     assert (folder / "shared-tiny.png").exists() and (folder / "figure.png").exists()
     assert "shared" in (folder / "transfer-tiny-stats.csv").read_text()
+    # the feature locus replayed on the partner: here the partner is the model itself and every feature its
+    # own match, so a pair steered along its matched feature must move the next token exactly as at home
+    import csv
+
+    from workbench.commands.polysemantic import METRICS
+
+    home = {(r["condition"], r["scale"], r["source"], r["target"], r["prompt"]): r
+            for r in csv.DictReader((folder / "trials.csv").read_text().splitlines()) if r["locus"] == "feature"}
+    away = [r for r in csv.DictReader((folder / "transfer-tiny-trials.csv").read_text().splitlines()) if r["locus"] == "feature"]
+    assert {r["condition"] for r in away} >= {"interfering", "random"}
+    same_tokens = [r for r in away if r["condition"] != "random" and r["target_feature"] == r["source"]
+                   and r["target_tokens"] == r["source_tokens"]]
+    assert same_tokens
+    for r in same_tokens:
+        h = home[(r["condition"], r["scale"], r["source"], r["target"], r["prompt"])]
+        for m in METRICS:
+            assert float(r[m]) == pytest.approx(float(h[m]), rel=1e-4, abs=1e-6), (m, r)

@@ -128,33 +128,66 @@ def map_tokens(texts: list[str], tokenizer) -> list[int]:
     return sorted(ids)
 
 
-def transfer_trials(target, records, pairs, icfg, rng) -> list[dict]:
-    """The prompt-level probes of the source model's pairs, replayed on ``target``.
+def transfer_trials(target, records, pairs, icfg, rng, steer: dict | None = None) -> list[dict]:
+    """The source model's pairs replayed on ``target``: at the prompt locus, and at the feature locus with ``steer``.
 
-    The prompt locus is the one that needs nothing of the source model at run time: prepend feature
-    i's top-activating snippet, measure the shift toward feature j's tokens mapped into the target's
-    vocabulary. If unrelated-yet-interfering pairs still beat the baselines there, the interference
-    pattern is carried by the text, not only by one model's SAE.
+    The prompt locus needs nothing of the source model at run time: prepend feature i's top-activating
+    snippet, measure the shift toward feature j's tokens mapped into the target's vocabulary. The feature
+    locus (``steer``: the target's analysis ``sae``, the feature ``matches`` source -> target and the
+    target site's median token ``norm``) adds the decoder direction of the target feature matched to i
+    (a random unit direction for the random baseline) and measures the same shift: if unrelated-yet-
+    interfering pairs still beat the baselines, the interference pattern is carried by what the features
+    mean, not only by one model's SAE. Pairs whose source feature has no match are left out there.
     """
-    from workbench.sae.interventions import embedding_cosines, next_token_metrics, next_token_probs, snippet
+    import torch
+
+    from workbench.sae.interventions import (
+        direction_hook,
+        embedding_cosines,
+        feature_direction,
+        next_token_metrics,
+        next_token_probs,
+        snippet,
+    )
 
     prompts = icfg["prompts"]
     before = next_token_probs(target, prompts).numpy()
     live = list(records)
     rows = []
+
+    def add(condition, i, j, interference, tokens, cosines, locus, scale, after, **extra):
+        for k in range(len(prompts)):
+            m = next_token_metrics(before[k], after[k], tokens, cosines, k=icfg["topk"])
+            rows.append({"condition": condition, "locus": locus, "scale": scale, "source": i, "target": j,
+                         "interference": interference, "prompt": k, "target_tokens": len(tokens),
+                         "source_tokens": len(records[j]["token_set"]), **extra,
+                         **{key: float(m[key]) for key in METRICS}})
+
     for condition, plist in pairs.items():
         for i, j, interference in plist:
             tokens = map_tokens(records[j]["token_set_text"], target.tokenizer)
             if not tokens:
                 continue
+            cosines = embedding_cosines(target, tokens)
             source = i if condition != "random" else int(rng.choice([f for f in live if f != j]))
             after = next_token_probs(target, [snippet(records[source]) + "\n" + p for p in prompts]).numpy()
-            cosines = embedding_cosines(target, tokens)
-            for k in range(len(prompts)):
-                m = next_token_metrics(before[k], after[k], tokens, cosines, k=icfg["topk"])
-                rows.append({"condition": condition, "locus": "prompt", "scale": 1.0, "source": i, "target": j,
-                             "interference": interference, "prompt": k, "target_tokens": len(tokens),
-                             "source_tokens": len(records[j]["token_set"]), **{key: float(m[key]) for key in METRICS}})
+            add(condition, i, j, interference, tokens, cosines, "prompt", 1.0, after)
+            if steer is None:
+                continue
+            if condition == "random":
+                seed = int(rng.integers(1 << 30))
+                direction = torch.randn(target.cfg.d_model, generator=torch.Generator().manual_seed(seed))
+                matched = -1
+            elif i in steer["matches"]:
+                matched = steer["matches"][i][0]
+                direction = feature_direction(steer["sae"], matched)
+            else:
+                continue
+            site = steer["sae"].cfg.metadata.hook_name
+            for scale in icfg["scales"]["feature"]:
+                hooks = [(site, direction_hook(direction, scale * steer["norm"]))]
+                after = next_token_probs(target, prompts, hooks).numpy()
+                add(condition, i, j, interference, tokens, cosines, "feature", scale, after, target_feature=matched)
     return rows
 
 
@@ -394,10 +427,12 @@ def run_experiment(cfg: dict) -> dict:
                                      matches, sc.get("min_interference_b", 0.2), seed=cfg["seed"])
         result["pairs"] = shared_pairs(result, records, icfg["n_pairs"])
         result["partner_sae"] = {k: v for k, v in other["main"].items() if k != "path"}
+        steer = {"sae": other["sae"], "matches": matches,
+                 "norm": median_norm(ActivationStore(other["store_path"]), other["main"]["site"])}
         log.info("shared with %s: %d matched features, %d shared pairs", name, result["n_matched"],
                  len(result["shared"]))
-        partners[name] = (target, result)
-    for _, result in partners.values():
+        partners[name] = (target, result, steer)
+    for _, result, _ in partners.values():
         pairs.setdefault("shared", [])
         pairs["shared"] += [p for p in result["pairs"] if p not in pairs["shared"]]
     if not pairs.get("shared"):
@@ -414,9 +449,9 @@ def run_experiment(cfg: dict) -> dict:
     summary["n_clusters"] = {k: int(len(set(v))) for k, v in inter["clusters"].items()}
     summary["top_unrelated_interfering"] = unrelated
     transfer = {}
-    for name, (target, result) in partners.items():
+    for name, (target, result, steer) in partners.items():
         own_pairs = {k: v for k, v in pairs.items() if k != "shared"} | {"shared": result["pairs"]}
-        trials = transfer_trials(target, records, own_pairs, icfg, rng)
+        trials = transfer_trials(target, records, own_pairs, icfg, rng, steer)
         transfer[name] = {"trials": trials, "stats": compare(trials, icfg["n_bootstrap"], rng), "shared": result}
         log.info("transfer to %s: %d trials", name, len(trials))
     del partners
