@@ -257,6 +257,7 @@ BAD_INTERFERENCE = [
     (["--k", "128"], "128 features"),  # every other feature is 127 partners
     (["--cutoff", "0.5"], "--cutoff"),
     (["--cutoff", "nan"], "--cutoff"),
+    (["--geometry", "pca"], "--geometry"),
 ]
 
 
@@ -273,6 +274,12 @@ def test_sae_interference_counts_pairs_for_a_valid_threshold(base):
     assert result["n_pairs"] == 128 * 127 // 2
     saved = json.loads((base / "interference.json").read_text())
     assert saved["cutoff"] == 0.3 and saved["n_unrelated_interfering"] == result["n_unrelated_interfering"]
+    assert saved["geometry"] == "raw"
+    code, out, err = run_cli(["sae", "interference", "base", "--model", "tiny", "--k", "8", "--geometry", "whitened"])
+    assert code == 0, err
+    saved = json.loads((base / "interference.json").read_text())
+    assert saved["geometry"] == "whitened" and saved["n_pairs"] == 128 * 127 // 2
+    assert saved["base_rates"] != result["base_rates"]
 
 
 BAD_INTERVENE = [

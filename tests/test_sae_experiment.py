@@ -77,10 +77,18 @@ def test_polysemantic_job_with_a_partner(tmp_path, monkeypatch, text_source):
             for r in csv.DictReader((folder / "trials.csv").read_text().splitlines()) if r["locus"] == "feature"}
     away = [r for r in csv.DictReader((folder / "transfer-tiny-trials.csv").read_text().splitlines()) if r["locus"] == "feature"]
     assert {r["condition"] for r in away} >= {"interfering", "random"}
+    def key(r):
+        return r["condition"], r["scale"], r["source"], r["target"], r["prompt"]
+
     same_tokens = [r for r in away if r["condition"] != "random" and r["target_feature"] == r["source"]
-                   and r["target_tokens"] == r["source_tokens"]]
-    assert same_tokens
+                   and r["target_tokens"] == r["source_tokens"] and key(r) in home]  # a pair tested at home too
+    assert any(r["condition"] == "interfering" for r in same_tokens)
     for r in same_tokens:
-        h = home[(r["condition"], r["scale"], r["source"], r["target"], r["prompt"])]
+        h = home[key(r)]
         for m in METRICS:
             assert float(r[m]) == pytest.approx(float(h[m]), rel=1e-4, abs=1e-6), (m, r)
+    # the transfer pairs' sources are matched in the partner, so every pair is tested at both loci
+    rows = list(csv.DictReader((folder / "transfer-tiny-trials.csv").read_text().splitlines()))
+    at_prompt = {(r["condition"], r["source"], r["target"]) for r in rows
+                 if r["locus"] == "prompt" and r["condition"] != "random"}
+    assert at_prompt == {(r["condition"], r["source"], r["target"]) for r in away if r["condition"] != "random"}

@@ -253,3 +253,65 @@ def _text(tmp_path):
     for d in range(6):
         (folder / f"doc{d}.txt").write_text(" ".join(" ".join(rng.choice(words, 8)) + "." for _ in range(40)))
     return folder
+
+
+# ----------------------------------------------------------------------------- interference geometry
+
+
+def test_whitened_cosines_ignore_how_the_activations_were_scaled():
+    """Fold an invertible map A into the activations and the decoder (x A, W A): raw cosines change, whitened
+    ones do not, and they are the cosines under the activations' inverse covariance."""
+    import torch
+
+    from workbench.sae.interference import whitened_rows
+
+    g = torch.Generator().manual_seed(0)
+    W = torch.randn(40, 6, generator=g, dtype=torch.float64)
+    x = torch.randn(2000, 6, generator=g, dtype=torch.float64) * torch.tensor([30.0, 3, 1, 1, 0.5, 0.2])
+    A = torch.randn(6, 6, generator=g, dtype=torch.float64) + 3 * torch.eye(6, dtype=torch.float64)
+
+    def cos(M):
+        U = torch.nn.functional.normalize(torch.as_tensor(M, dtype=torch.float64), dim=1)
+        return (U @ U.T).abs()
+
+    before, after = cos(whitened_rows(W, x)), cos(whitened_rows(W @ A, x @ A))
+    assert torch.allclose(before, after, atol=1e-4)
+    assert (cos(W) - cos(W @ A)).abs().max() > 0.1  # the raw geometry does move
+    P = torch.linalg.inv(torch.cov((x - x.mean(0)).T))
+    G = W @ P @ W.T
+    mahalanobis = (G / torch.sqrt(torch.outer(G.diagonal(), G.diagonal()))).abs()
+    assert torch.allclose(before, mahalanobis, atol=1e-4)
+
+
+def test_whitened_geometry_refuses_too_few_tokens_and_unknown_names(sae):
+    import torch
+
+    from workbench.sae.interference import decoder_geometry, whitened_rows
+
+    d = sae.W_dec.shape[1]
+    with pytest.raises(WorkbenchError, match="more finite activations than dimensions"):
+        whitened_rows(sae.W_dec.detach(), torch.randn(d - 1, d))
+    with pytest.raises(WorkbenchError, match="--geometry 'pca'"):
+        decoder_geometry(sae, "pca")
+    with pytest.raises(WorkbenchError, match="activation store"):
+        decoder_geometry(sae, "whitened", store=None)
+
+
+def test_pairs_for_transfer_take_their_sources_from_the_matched_features():
+    from workbench.commands.polysemantic import choose_pairs
+
+    rng = np.random.default_rng(0)
+    n = 40
+    W = rng.normal(size=(n, 8))
+    records = {f: {"token_set": [f + 1]} for f in range(n)}
+    labels = [f % 7 for f in range(n)]
+    inter = {"features": list(range(n)), "cutoff": 0.4, "clusters": {"0.40": labels, "0.15": labels},
+             "unrelated_interfering": [{"i": i, "j": (i + 1) % n, "interference": 0.5} for i in range(n)],
+             "pairs": [{"i": i, "j": (i + 7) % n, "interference": 0.2, "same_cluster_0.15": True} for i in range(n)]}
+    sources = {3, 10, 17, 24}
+    pairs = choose_pairs(inter, records, W, 5, np.random.default_rng(1), sources=sources)
+    for condition in ("interfering", "related", "low_interference"):
+        assert pairs[condition] and all(i in sources for i, _, _ in pairs[condition]), condition
+    assert len(pairs["interfering"]) == 4 and len(pairs["random"]) == 4
+    everyone = choose_pairs(inter, records, W, 5, np.random.default_rng(1))
+    assert len(everyone["interfering"]) == 5

@@ -546,11 +546,14 @@ def sae_interference(
     k: Annotated[int, typer.Option(help="nearest decoder columns kept per feature")] = 32,
     min_interference: Annotated[float, typer.Option(help="|cos| from which a pair interferes, in [0, 1]")] = 0.3,
     cutoff: Annotated[float, typer.Option(help="cluster cutoff for 'unrelated': 0.40, 0.30, 0.20, 0.15")] = 0.40,
+    geometry: Annotated[str, typer.Option(help="decoder cosines in raw coordinates, or whitened by the SAE's "
+                                               "activations (for SAEs trained on whitened inputs)")] = "raw",
 ):
     """Decoder-cosine interference (blocked top-k), semantic clusters, unrelated-yet-interfering pairs."""
     from workbench.commands.sae import run_interference
 
-    _echo_json(run_interference(sae, model=model, k=k, min_interference=min_interference, cutoff=cutoff))
+    _echo_json(run_interference(sae, model=model, k=k, min_interference=min_interference, cutoff=cutoff,
+                                geometry=geometry))
 
 
 @sae_app.command("intervene")

@@ -25,10 +25,15 @@ TESTED = ("interfering", "shared")  # conditions compared with every baseline
 SHARED_ROWS = ("rows", "unrelated_rows", "null_values")  # per-pair tables of workbench.sae.shared (CSV, not results.json)
 
 
-def choose_pairs(inter: dict, records: dict, W, n: int, rng) -> dict[str, list[tuple[int, int, float]]]:
-    """Source -> target pairs per condition; every pair's target has a token set."""
+def choose_pairs(inter: dict, records: dict, W, n: int, rng, sources=None) -> dict[str, list[tuple[int, int, float]]]:
+    """Source -> target pairs per condition; every pair's target has a token set.
+
+    ``W``: the decoder rows in the interference map's geometry. ``sources``: only these features may be a
+    pair's source (the transfer test's features matched in the partner); None, any.
+    """
     ok = [f for f, r in records.items() if r["token_set"]]
     okset = set(ok)
+    src = okset if sources is None else okset & set(sources)
     clusters = {c: dict(zip(inter["features"], lab, strict=True)) for c, lab in inter["clusters"].items()}
     coarse, fine = clusters[f"{inter['cutoff']:.2f}"], clusters["0.15"]
 
@@ -37,30 +42,38 @@ def choose_pairs(inter: dict, records: dict, W, n: int, rng) -> dict[str, list[t
 
     interfering, used = [], set()
     for p in inter["unrelated_interfering"]:
-        if p["i"] in okset and p["j"] in okset and p["i"] not in used:
+        if p["i"] in src and p["j"] in okset and p["i"] not in used:
             interfering.append((p["i"], p["j"], p["interference"]))
             used.add(p["i"])
         if len(interfering) == n:
             break
     related = [(p["i"], p["j"], p["interference"]) for p in inter["pairs"]
-               if p["same_cluster_0.15"] and p["i"] in okset and p["j"] in okset][:n]
+               if p["same_cluster_0.15"] and p["i"] in src and p["j"] in okset][:n]
     by_cluster: dict = {}
     for f in ok:
         by_cluster.setdefault(fine[f], []).append(f)
-    groups = [g for g in by_cluster.values() if len(g) > 1]
+    groups = [g for g in by_cluster.values() if len(g) > 1 and src.intersection(g)]
     tries = 0
     while len(related) < n and groups and tries < 1000:
         tries += 1
         g = groups[rng.integers(len(groups))]
-        i, j = rng.choice(g, 2, replace=False)
+        if sources is None:
+            i, j = rng.choice(g, 2, replace=False)
+        else:
+            i = rng.choice(sorted(src.intersection(g)))
+            j = rng.choice([f for f in g if f != i])
         if (int(i), int(j)) not in {(a, b) for a, b, _ in related}:
             related.append((int(i), int(j), cos(i, j)))
     low, tries = [], 0
-    while len(low) < n and tries < 10000:
+    pool = ok if sources is None else sorted(src)
+    while len(low) < n and tries < 10000 and pool:
         tries += 1
-        i, j = (int(x) for x in rng.choice(ok, 2, replace=False))
+        if sources is None:
+            i, j = (int(x) for x in rng.choice(ok, 2, replace=False))
+        else:
+            i, j = int(rng.choice(pool)), int(rng.choice(ok))
         c = cos(i, j)
-        if c < 0.1 and coarse[i] != coarse[j]:
+        if i != j and c < 0.1 and coarse[i] != coarse[j]:
             low.append((i, j, c))
     random = [(-1, j, float("nan")) for _, j, _ in interfering]  # matched targets, random source
     return {"interfering": interfering, "related": related, "low_interference": low, "random": random}
@@ -292,7 +305,9 @@ def prepare_model(cfg: dict, model, only_analysis: bool = False) -> dict:
         run_train,
     )
     from workbench.sae.features import records_by_feature
+    from workbench.sae.interference import decoder_geometry
     from workbench.sae.load import load_sae
+    from workbench.store import ActivationStore
 
     c = cfg["collect"]
     store_path = default_store_path(model, c["sites"], c["n_tokens"], c["block_len"], cfg["seed"], cfg.get("source"))
@@ -327,15 +342,19 @@ def prepare_model(cfg: dict, model, only_analysis: bool = False) -> dict:
         feats = {"path": str(folder), "reused": True}
     else:
         feats = run_features(str(folder), model, progress=False)
+    geometry = ic.get("geometry", "raw")
     inter = json.loads((folder / INTERFERENCE_FILE).read_text()) if fresh(INTERFERENCE_FILE) else {}
-    if [inter.get(k) for k in ("k", "min_interference", "cutoff")] != [ic["k"], ic["min_interference"], ic["cutoff"]] \
+    settings = [inter.get(k) for k in ("k", "min_interference", "cutoff")] + [inter.get("geometry", "raw")]
+    if settings != [ic["k"], ic["min_interference"], ic["cutoff"], geometry] \
             or not fresh(INTERFERENCE_FILE) or (folder / INTERFERENCE_FILE).stat().st_mtime < (folder / FEATURES_FILE).stat().st_mtime:
-        run_interference(str(folder), model, k=ic["k"], min_interference=ic["min_interference"], cutoff=ic["cutoff"])
+        run_interference(str(folder), model, k=ic["k"], min_interference=ic["min_interference"], cutoff=ic["cutoff"],
+                         geometry=geometry)
         inter = json.loads((folder / INTERFERENCE_FILE).read_text())
     records = records_by_feature(json.loads((folder / FEATURES_FILE).read_text()))
+    sae = load_sae(str(folder), model=model)
+    W = decoder_geometry(sae, geometry, ActivationStore(store_path)).numpy()  # the map's geometry, for pair cosines
     return {"saes": sae_rows, "main": main, "features": feats, "interference": inter, "records": records,
-            "embeddings": np.load(folder / EMBEDDINGS_FILE), "sae": load_sae(str(folder), model=model),
-            "store_path": store_path}
+            "embeddings": np.load(folder / EMBEDDINGS_FILE), "sae": sae, "W": W, "store_path": store_path}
 
 
 def median_norm(store, site: str) -> float:
@@ -414,7 +433,7 @@ def run_experiment(cfg: dict) -> dict:
     started = time.time()
     own = prepare_model(cfg, model)
     sae, records, inter, icfg = own["sae"], own["records"], own["interference"], cfg["interventions"]
-    pairs = choose_pairs(inter, records, sae.W_dec.detach().numpy(), icfg["n_pairs"], rng)
+    pairs = choose_pairs(inter, records, own["W"], icfg["n_pairs"], rng)
     sc = cfg.get("shared", {})
     partners = {}
     for name in cfg.get("transfer", []):
@@ -423,8 +442,8 @@ def run_experiment(cfg: dict) -> dict:
         other = prepare_model(pcfg, target, only_analysis=True)
         matches = match_features(own["embeddings"], inter["features"], other["embeddings"],
                                  other["interference"]["features"], sc.get("min_similarity", 0.6))
-        result = shared_interference(inter, sae.W_dec.detach().numpy(), other["sae"].W_dec.detach().numpy(),
-                                     matches, sc.get("min_interference_b", 0.2), seed=cfg["seed"])
+        result = shared_interference(inter, own["W"], other["W"], matches, sc.get("min_interference_b", 0.2),
+                                     seed=cfg["seed"])
         result["pairs"] = shared_pairs(result, records, icfg["n_pairs"])
         result["partner_sae"] = {k: v for k, v in other["main"].items() if k != "path"}
         steer = {"sae": other["sae"], "matches": matches,
@@ -450,7 +469,9 @@ def run_experiment(cfg: dict) -> dict:
     summary["top_unrelated_interfering"] = unrelated
     transfer = {}
     for name, (target, result, steer) in partners.items():
-        own_pairs = {k: v for k, v in pairs.items() if k != "shared"} | {"shared": result["pairs"]}
+        # the same pairs at both loci: sources matched in the partner, so the feature locus can steer each one
+        own_pairs = choose_pairs(inter, records, own["W"], icfg["n_pairs"], rng, sources=steer["matches"])
+        own_pairs["shared"] = result["pairs"]
         trials = transfer_trials(target, records, own_pairs, icfg, rng, steer)
         transfer[name] = {"trials": trials, "stats": compare(trials, icfg["n_bootstrap"], rng), "shared": result}
         log.info("transfer to %s: %d trials", name, len(trials))

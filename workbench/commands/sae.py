@@ -173,14 +173,17 @@ def run_features(sae: str, model="smollm2-135m", activations: str | None = None,
 
 def run_interference(sae: str, model="smollm2-135m", k: int = 32, min_interference: float = 0.3,
                      cutoff: float = 0.40, coactivation: bool = True, block_size: int = 1024,
-                     progress: bool = True) -> dict:
-    """Interference bins and base rates, clusters at the reference cutoffs, unrelated-yet-interfering pairs."""
+                     progress: bool = True, geometry: str = "raw") -> dict:
+    """Interference bins and base rates, clusters at the reference cutoffs, unrelated-yet-interfering pairs;
+    ``geometry`` "whitened" measures the decoder cosines in the SAE activations' whitened coordinates."""
     import numpy as np
 
     from workbench.io import write_json_atomic
     from workbench.sae.interference import (
         CUTOFFS,
+        check_geometry,
         check_interference_args,
+        decoder_geometry,
         interference_scan,
         neuron_connections,
         pair_table,
@@ -192,6 +195,7 @@ def run_interference(sae: str, model="smollm2-135m", k: int = 32, min_interferen
     from workbench.sae.train import ActivationStore, read_meta
 
     check_interference_args(k, min_interference, cutoff, block_size)
+    check_geometry(geometry)
     model = _model(model)
     sae_obj, folder = _load(sae, model)
     if not (folder / FEATURES_FILE).exists():
@@ -199,7 +203,9 @@ def run_interference(sae: str, model="smollm2-135m", k: int = 32, min_interferen
     records = json.loads((folder / FEATURES_FILE).read_text())
     emb = np.load(folder / EMBEDDINGS_FILE)
     feats = [r["feature"] for r in records]
-    scan = interference_scan(sae_obj, k=k, block_size=block_size)
+    store_path = read_meta(folder).get("activations")
+    store = ActivationStore(store_path) if store_path else None
+    scan = interference_scan(decoder_geometry(sae_obj, geometry, store), k=k, block_size=block_size)
     clusters = semantic_clusters(emb, CUTOFFS)
     pairs = pair_table(scan, feats, emb, clusters)
     if pairs:
@@ -207,9 +213,8 @@ def run_interference(sae: str, model="smollm2-135m", k: int = 32, min_interferen
         _, connected = neuron_connections(model, sae_obj)
         for p, s in zip(pairs, shared_neurons(connected, ij), strict=True):
             p["shared_neurons"] = float(s)
-        store_path = read_meta(folder).get("activations")
-        if coactivation and store_path:
-            for p, c in zip(pairs, coact(sae_obj, ActivationStore(store_path), ij, progress=progress), strict=True):
+        if coactivation and store is not None:
+            for p, c in zip(pairs, coact(sae_obj, store, ij, progress=progress), strict=True):
                 p["coactivation"] = float(c)
     unrelated = unrelated_interfering(pairs, min_interference, cutoff)
     result = {
@@ -218,7 +223,7 @@ def run_interference(sae: str, model="smollm2-135m", k: int = 32, min_interferen
         "n_clusters": {f"{c:.2f}": int(len(set(v))) for c, v in clusters.items()},
         "clusters": {f"{c:.2f}": v.tolist() for c, v in clusters.items()}, "features": feats,
         "pairs": pairs, "unrelated_interfering": unrelated[:200], "n_unrelated_interfering": len(unrelated),
-        "min_interference": min_interference, "cutoff": cutoff,
+        "min_interference": min_interference, "cutoff": cutoff, "geometry": geometry,
     }
     write_json_atomic(folder / INTERFERENCE_FILE, result)
     return {k_: result[k_] for k_ in ("bins", "bin_counts", "base_rates", "n_pairs", "n_described", "n_clusters",

@@ -1,7 +1,8 @@
 """Interference between SAE features: decoder geometry, semantic relatedness, co-activation, shared neurons.
 
 Interference(i, j) = |cos(W_dec[i], W_dec[j])| (sign aside, two directions that overlap read into
-each other). All pairs are visited through ``workbench.kernels.distances.iter_distance_blocks`` (row blocks of
+each other), in raw residual coordinates or in the activations' whitened coordinates
+(``GEOMETRIES``). All pairs are visited through ``workbench.kernels.distances.iter_distance_blocks`` (row blocks of
 the cosine-distance matrix), keeping only the top-k partners of each feature and bin counts, so the
 d_sae x d_sae matrix never exists. Semantic relatedness = cosine of description embeddings, grouped
 by agglomerative clustering (average linkage, cosine distance) at the reference cutoffs.
@@ -16,6 +17,7 @@ from workbench.errors import WorkbenchError
 BINS = (0.0, 0.1, 0.2, 0.3, 0.4, 1.0)
 CUTOFFS = (0.40, 0.30, 0.20, 0.15)
 NEURON_THRESHOLD = 0.2  # |cos(W_out[n], W_dec[j])| above which neuron n counts as connected to feature j
+GEOMETRIES = ("raw", "whitened")  # coordinates the decoder cosine is measured in (see whitened_rows)
 
 
 def _decoder(sae):
@@ -25,6 +27,51 @@ def _decoder(sae):
     if not torch.isfinite(w).all():
         raise WorkbenchError("the SAE decoder holds NaN or inf: retrain or reload it")
     return w
+
+
+def whitened_rows(W, x):
+    """Decoder rows in the whitened coordinates of activations ``x`` [tokens, d]: their plain cosines are
+    cosines under the activations' inverse covariance.
+
+    Why: an SAE trained on whitened inputs and folded back to raw coordinates has each row stretched by
+    sqrt(eigenvalue) along every principal direction, so where one direction dominates the variance (Gemma 3's
+    blocks.9: 55%) almost every pair of raw rows has a large cosine. Here an invertible linear change of the
+    activations x -> x A, with the decoder folded the same way W -> W A, leaves every cosine unchanged: they no
+    longer depend on how the SAE was trained.
+    """
+    import torch
+
+    x = torch.as_tensor(x, dtype=torch.float64)
+    if x.ndim != 2 or len(x) <= x.shape[1] or not torch.isfinite(x).all():
+        raise WorkbenchError(f"whitened interference needs more finite activations than dimensions ({x.shape[1]}), "
+                             f"got {len(x)}: collect more tokens or use the raw geometry")
+    lam, V = torch.linalg.eigh(torch.cov((x - x.mean(0)).T))
+    W = _decoder(W).double()
+    return (W @ V * lam.clamp(min=float(lam.max()) * 1e-9).rsqrt()).float()
+
+
+def store_sample(store, site: str, every: int = 16):
+    """Every ``every``-th shard of ``site`` in an activation store, as one float64 tensor (deterministic)."""
+    import torch
+
+    shards = range(0, len(store.manifest["shards"]), every)
+    return torch.cat([store.read_shard(i, [site]).tensors[site].double() for i in shards])
+
+
+def check_geometry(geometry) -> None:
+    if geometry not in GEOMETRIES:
+        raise WorkbenchError(f"--geometry {geometry!r} is not one of {', '.join(GEOMETRIES)}")
+
+
+def decoder_geometry(sae, geometry: str = "raw", store=None):
+    """The decoder rows interference is measured on: raw, or whitened by ``store``'s activations at the SAE's site."""
+    check_geometry(geometry)
+    if geometry == "raw":
+        return _decoder(sae)
+    if store is None:
+        raise WorkbenchError("whitened interference needs the SAE's activation store, and this SAE records none: "
+                             "use --geometry raw or train it with `workbench sae train`")
+    return whitened_rows(sae.W_dec.detach(), store_sample(store, sae.cfg.metadata.hook_name))
 
 
 def check_interference_args(k, min_interference, cutoff, block_size: int = 1024) -> None:
