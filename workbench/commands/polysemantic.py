@@ -426,7 +426,7 @@ def run_experiment(cfg: dict) -> dict:
     from workbench.sae.shared import match_features, shared_interference
     from workbench.store import ActivationStore
 
-    cfg = model_config(cfg, cfg["model"])
+    top, cfg = cfg, model_config(cfg, cfg["model"])  # a partner's view is laid over the top level, not this one
     torch.manual_seed(cfg["seed"])
     rng = np.random.default_rng(cfg["seed"])
     model = load_model(cfg["model"], device="cpu")
@@ -437,7 +437,7 @@ def run_experiment(cfg: dict) -> dict:
     sc = cfg.get("shared", {})
     partners = {}
     for name in cfg.get("transfer", []):
-        pcfg = model_config(cfg, name)
+        pcfg = model_config(top, name)
         target = load_model(name, device="cpu")
         other = prepare_model(pcfg, target, only_analysis=True)
         matches = match_features(own["embeddings"], inter["features"], other["embeddings"],
