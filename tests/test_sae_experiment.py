@@ -92,3 +92,35 @@ def test_polysemantic_job_with_a_partner(tmp_path, monkeypatch, text_source):
     at_prompt = {(r["condition"], r["source"], r["target"]) for r in rows
                  if r["locus"] == "prompt" and r["condition"] != "random"}
     assert at_prompt == {(r["condition"], r["source"], r["target"]) for r in away if r["condition"] != "random"}
+
+
+def test_a_partner_sees_the_study_config_not_the_source_models_overrides(monkeypatch):
+    """Each model's entry under ``models`` applies to that model only: a partner's view is laid over the study's
+    top level (a Gemma-only interference geometry once leaked into its SmolLM2 partner)."""
+    import workbench.commands.polysemantic as poly
+
+    class Seen(Exception):
+        pass
+
+    seen = []
+
+    def prepare(cfg, model, only_analysis=False):
+        seen.append(cfg)
+        if only_analysis:
+            raise Seen
+        return {"interference": {"features": [], "clusters": {"0.40": [], "0.15": []}, "cutoff": 0.4,
+                                 "unrelated_interfering": [], "pairs": []}, "records": {}, "W": np.zeros((1, 1)),
+                "sae": None, "embeddings": np.zeros((0, 4))}
+
+    monkeypatch.setattr(poly, "prepare_model", prepare)
+    monkeypatch.setattr("workbench.models.load_model", lambda name, device="cpu": name)
+    top = {"seed": 0, "model": "a", "interference": {"k": 8, "geometry": "raw"},
+           "interventions": {"n_pairs": 2}, "collect": {"n_tokens": 64},
+           "models": {"a": {"interference": {"k": 8, "geometry": "whitened"}, "transfer": ["b"]},
+                      "b": {"collect": {"sites": ["s"]}}}}
+    with pytest.raises(Seen):
+        poly.run_experiment(top)
+    own, partner = seen
+    assert own["model"] == "a" and own["interference"]["geometry"] == "whitened"
+    assert partner["model"] == "b" and partner["interference"]["geometry"] == "raw"
+    assert "transfer" not in partner and partner["collect"] == {"n_tokens": 64, "sites": ["s"]}
