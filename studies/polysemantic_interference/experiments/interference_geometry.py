@@ -46,6 +46,7 @@ def main() -> None:
     from workbench.models import load_model
     from workbench.paths import cache_dir
     from workbench.report import versions
+    from workbench.sae.interference import store_sample, whitened_rows
     from workbench.store import ActivationStore
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -65,11 +66,10 @@ def main() -> None:
                                                    cfg.get("source")))
         del model
         site = spec["site"]
-        x = torch.cat([store.read_shard(i, [site]).tensors[site].double()
-                       for i in range(0, len(store.manifest["shards"]), args.every)])
-        lam, V = torch.linalg.eigh(torch.cov((x - x.mean(0)).T))
+        x = store_sample(store, site, args.every)
+        lam, V = torch.linalg.eigh(torch.cov((x - x.mean(0)).T))  # for the variance shares reported below
         W = load_file(str(folder / "sae_weights.safetensors"))["W_dec"].double()
-        whitened = W @ V @ torch.diag(lam.clamp(min=float(lam.max()) * 1e-9).rsqrt())
+        whitened = whitened_rows(W, x).double()  # the study's own `--geometry whitened`
         along_top = ((W / W.norm(dim=1, keepdim=True)) @ V[:, -1]) ** 2
         out["models"][name] = {
             "sae": folder.name, "site": site, "normalize": spec.get("normalize", "norm"), "tokens": int(len(x)),
