@@ -272,14 +272,15 @@ def _lopsided_batches(seed: int, batch: int = 256):
 
 
 def test_standardized_sae_reads_raw_inputs_and_keeps_the_small_dimensions(tmp_path):
-    """normalize="standardize" (trained on (x - mean) / std) and "whiten" (SAELens's PCA whitening): saved
-    folded (they read raw activations, SAELens config "none"), and they reconstruct the small dimensions a "norm"
-    SAE gives up for the two huge ones."""
+    """normalize="standardize" (trained on (x - mean) / std), "whiten" (SAELens's PCA whitening) and "center"
+    (x - mean, one scale): saved folded (they read raw activations, SAELens config "none"), and they reconstruct the
+    small dimensions a "norm" SAE gives up for the two huge ones; "center", whose MSE is the explained-variance
+    loss, explains the most variance (here by giving up the small dimensions: they hold 0.1% of it)."""
     from workbench.sae.train import TrainConfig, train_sae
 
     test = next(_lopsided_batches(7, 2048))
-    per_dim = {}
-    for normalize in ("norm", "standardize", "whiten"):
+    per_dim, explained = {}, {}
+    for normalize in ("norm", "standardize", "whiten", "center"):
         cfg = TrainConfig(site=SITE, d_sae=128, k=8, n_tokens=60_000, batch_size=256, lr=2e-3, n_checkpoints=0,
                           normalize=normalize)
         sae = train_sae(cfg, _lopsided_batches(0), 32, tmp_path / normalize, resume=False, progress=False)
@@ -287,11 +288,13 @@ def test_standardized_sae_reads_raw_inputs_and_keeps_the_small_dimensions(tmp_pa
         with torch.no_grad():
             error = (sae.decode(sae.encode(test)) - test).pow(2).sum(0)
         per_dim[normalize] = 1 - error / (test - test.mean(0)).pow(2).sum(0)
+        explained[normalize] = float(1 - error.sum() / (test - test.mean(0)).pow(2).sum())
         assert json.loads((tmp_path / normalize / "workbench.json").read_text())["config"]["normalize"] == normalize
     small = slice(2, None)
     for normalize in ("standardize", "whiten"):
         assert per_dim[normalize][small].median() > per_dim["norm"][small].median() + 0.2
         assert per_dim[normalize][small].median() > 0.5
+    assert explained["center"] > max(explained["norm"], explained["standardize"], explained["whiten"])
 
 
 def test_sae_recorded_before_normalize_existed_is_reused_not_retrained(trained, store, tmp_path):

@@ -497,7 +497,8 @@ def sae_train(
     l1_coefficient: Annotated[float, typer.Option(help="sparsity penalty (standard)")] = 5.0,
     normalize: Annotated[str, typer.Option(
         help="what the trainer sees, folded into the saved SAE: norm (mean norm sqrt(d)), standardize (each "
-             "dimension to mean 0, std 1: for residuals with a few huge dimensions) or whiten (PCA)")] = "norm",
+             "dimension to mean 0, std 1), whiten (PCA) or center (mean 0, one scale: the MSE is the explained-variance "
+             "loss; for residuals with a huge mean)")] = "norm",
     lr: Annotated[float, typer.Option(help="learning rate")] = 4e-4,
     batch_size: Annotated[int, typer.Option(help="activations per optimizer step")] = 1024,
     block_len: Annotated[int, typer.Option(help="tokens per corpus block")] = 128,

@@ -33,9 +33,12 @@ ARCHITECTURES = ("topk", "standard")
 # How the trainer sees activations, each folded into the saved SAE so that it reads raw activations:
 # "norm": one scalar bringing the mean norm to sqrt(d_in) (SAELens's expected_average_only_in);
 # "standardize": each dimension to zero mean and unit variance, estimated from the first batches like "norm";
-# "whiten": SAELens's PCA whitening (zero mean, identity covariance). A residual stream with a few huge
-# dimensions (Gemma 3's blocks.9: two hold 97% of the mean square) trains a "norm" SAE mostly dead.
-NORMALIZATIONS = ("norm", "standardize", "whiten")
+# "whiten": SAELens's PCA whitening (zero mean, identity covariance);
+# "center": zero mean, then one scalar bringing the mean squared norm to d_in: the trainer's MSE is then the
+# explained-variance loss itself. A residual stream with a huge mean (Gemma 3's blocks.9: two channels hold 97% of
+# the mean square) trains a "norm" SAE mostly dead; "whiten" spends the dictionary on low-variance directions.
+NORMALIZATIONS = ("norm", "standardize", "whiten", "center")
+ESTIMATED = ("standardize", "center")  # the normalisations workbench estimates itself (input_whitening)
 META_FILE = "workbench.json"
 FEATURES_FILE = "features.json"  # what `sae features` and `sae interference` write beside an SAE
 EMBEDDINGS_FILE = "description_embeddings.npy"
@@ -438,8 +441,9 @@ def _train(cfg: TrainConfig, batches: Iterator, d_in: int, out: Path, resume: bo
         raise WorkbenchError(f"{out} holds a checkpoint with d_in {sae.cfg.d_in}, not the activations' {d_in}: "
                              "pass --overwrite to replace it")
     trainer = SAETrainer(tcfg, sae, batches)
-    if cfg.normalize == "standardize" and not latest:  # a checkpoint holds its own statistics
-        trainer.activation_scaler.whitening = standardization(batches, d_in, tcfg.n_batches_for_norm_estimate)
+    if cfg.normalize in ESTIMATED and not latest:  # a checkpoint holds its own statistics
+        trainer.activation_scaler.whitening = input_whitening(batches, d_in, tcfg.n_batches_for_norm_estimate,
+                                                              cfg.normalize)
     if latest:
         trainer.load_trainer_state(latest)
         trainer.checkpoint_thresholds = [t for t in trainer.checkpoint_thresholds if t >= trainer.n_training_samples]
@@ -460,21 +464,30 @@ def _train(cfg: TrainConfig, batches: Iterator, d_in: int, out: Path, resume: bo
     return SAE.load_from_disk(str(out))
 
 
-def standardization(batches: Iterator, d_in: int, n_batches: int):
-    """Per-dimension standardisation ``(x - mean) / std`` from the next ``n_batches`` batches, as the diagonal
-    whitening SAELens's trainer applies, checkpoints and folds into the saved SAE (``fold_activation_whitening``:
-    W_enc <- diag(1/std) W_enc, W_dec <- W_dec diag(std), b_dec <- b_dec * std + mean). Float64, as SAELens keeps
-    its own whitening, so the fold is exact; a constant dimension keeps std 1."""
+def input_whitening(batches: Iterator, d_in: int, n_batches: int, kind: str = "standardize"):
+    """The affine map ``(x - mean) @ matrix`` for ``kind`` "standardize" (each dimension to std 1) or "center" (one
+    scalar: mean squared norm d_in), from the next ``n_batches`` batches, as the whitening SAELens's trainer applies,
+    checkpoints and folds into the saved SAE (``fold_activation_whitening``: W_enc <- matrix W_enc,
+    W_dec <- W_dec matrix^-1, b_dec <- b_dec matrix^-1 + mean). Float64, as SAELens keeps its own whitening, so the
+    fold is exact; a constant dimension keeps std 1."""
     import torch
     from sae_lens.training.activation_scaler import ActivationWhitening
 
+    if kind not in ESTIMATED:
+        raise WorkbenchError(f"input_whitening estimates {' or '.join(ESTIMATED)}, not {kind!r}")
     count, total, squares = 0, torch.zeros(d_in, dtype=torch.float64), torch.zeros(d_in, dtype=torch.float64)
     for _ in range(n_batches):
         x = next(batches).to(torch.float64).reshape(-1, d_in)
         count, total, squares = count + len(x), total + x.sum(0), squares + (x * x).sum(0)
     mean = total / count
-    std = ((squares - count * mean**2).clamp_min(0) / max(count - 1, 1)).sqrt()
-    std = torch.where(std > 1e-8 * std.max().clamp_min(1e-30), std, torch.ones_like(std))
+    variance = (squares - count * mean**2).clamp_min(0) / max(count - 1, 1)
+    if kind == "center":
+        total_variance = float(variance.sum())
+        scale = math.sqrt(total_variance / d_in) if total_variance > 0 else 1.0
+        std = torch.full_like(mean, scale)
+    else:
+        std = variance.sqrt()
+        std = torch.where(std > 1e-8 * std.max().clamp_min(1e-30), std, torch.ones_like(std))
     return ActivationWhitening(mean=mean, matrix=torch.diag(1 / std), inverse_matrix=torch.diag(std))
 
 
