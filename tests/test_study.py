@@ -133,6 +133,21 @@ def test_every_study_is_a_runner_config(config):
         assert jobs and all("model" in job and job["seed"] == loaded["seed"] for job in jobs)
 
 
+def test_studies_name_saes_the_polysemantic_study_trains():
+    """The quantization and sparse-attention studies read the polysemantic study's SAE by its cache name, which is
+    keyed by that SAE's settings: a name no full run trains would fail hours into a job (it did once: the names
+    gained their settings key after these configs were written)."""
+    from workbench.commands.polysemantic import model_config, sae_name
+
+    studies = Path(__file__).parents[1] / "studies"
+    trained = {sae_name(model_config(job, job["model"]), n)
+               for job in expand(load_config(studies / "polysemantic_interference" / "config.yaml"))
+               for n in range(len(model_config(job, job["model"])["saes"]))}
+    named = {job["sae"] for study in ("quantization", "sparse_attention")
+             for job in expand(load_config(studies / study / "config.yaml")) if job.get("sae")}
+    assert named and named <= trained, f"not trained by the polysemantic study: {sorted(named - trained)}"
+
+
 def test_tool_studies_through_the_runner(tmp_path, monkeypatch):
     """The quantization and sparse-attention jobs and reports on the tiny model: table + per-model files."""
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
