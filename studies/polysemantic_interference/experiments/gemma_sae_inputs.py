@@ -3,11 +3,13 @@
 Gemma 3's blocks.9 residual has two channels that hold most of the mean square; the SAE's MSE is then about
 those channels. This measures the channels' share, then trains TopK SAEs (k 32, 2,048 features, the same settings and
 batches) with each of ``sae train --normalize``'s input normalisations (norm: one scalar, the default;
-standardize: each dimension to mean 0, std 1; whiten: SAELens's PCA whitening; each folded into the saved SAE,
-so all read raw activations), then whitened ones at higher learning rates and with k 64, and scores them in raw space on held-out corpus tokens: explained variance, the
-median per-dimension explained variance, dead fraction. Minutes on 2 cores; not the study's SAE (400k tokens,
-not 2M). Writes ``gemma_sae_inputs.json`` beside this file (``--tokens`` other than 400k: beside it, named by
-the count).
+standardize: each dimension to mean 0, std 1; whiten: SAELens's PCA whitening; center: mean 0 and one scale; each
+folded into the saved SAE, so all read raw activations), then whitened ones at higher learning rates and with k 64,
+and centred ones, and scores them in raw space on held-out corpus tokens: explained
+variance, the median per-dimension explained variance, dead fraction, and the fraction of decoder pairs whose raw
+cosine is below 0.1 (how spread the dictionary is in the coordinates interference is read in). Minutes on 2 cores;
+not the study's SAE (400k tokens, not 2M). Writes ``gemma_sae_inputs.json`` beside this file (``--tokens`` other
+than 400k: beside it, named by the count).
 
     python studies/polysemantic_interference/experiments/gemma_sae_inputs.py [--tokens 400000] [--seed 0]
 """
@@ -28,6 +30,7 @@ def main() -> None:
     from workbench.models import load_model
     from workbench.paths import cache_dir
     from workbench.report import versions
+    from workbench.sae.interference import interference_scan
     from workbench.sae.train import TrainConfig, collect_activations, store_batches, train_sae
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -51,7 +54,8 @@ def main() -> None:
            "saes": {}}
     runs = {"norm": {}, "standardize": {"normalize": "standardize"}, "whiten": {"normalize": "whiten"},
             **{f"whiten lr {lr:g}": {"normalize": "whiten", "lr": lr} for lr in (1e-3, 2e-3, 4e-3)},
-            "whiten lr 0.002 k 64": {"normalize": "whiten", "lr": 2e-3, "k": 64}}
+            "whiten lr 0.002 k 64": {"normalize": "whiten", "lr": 2e-3, "k": 64},
+            **{f"center lr {lr:g}": {"normalize": "center", "lr": lr} for lr in (1e-3, 2e-3)}}
     for name, settings in runs.items():
         cfg = TrainConfig(site=SITE, d_sae=2048, seed=args.seed, n_tokens=args.tokens, n_checkpoints=0,
                           model_name="gemma3-270m", data=str(train.path), **{"k": 32, **settings})
@@ -67,6 +71,7 @@ def main() -> None:
             "median_per_dimension_explained_variance": round(float(per_dim.median()), 4),
             "dead_fraction": round(float(((f > 0).sum(0) == 0).float().mean()), 4),
             "l0": round(float((f > 0).sum(1).float().mean()), 1),
+            "decoder_pairs_below_0.1": round(interference_scan(sae.W_dec.detach(), k=1)["base_rates"][0], 4),
             "train_seconds": round(time.perf_counter() - started, 1)}
         print(name, out["saes"][name], flush=True)
     suffix = "" if args.tokens == 400_000 else f"_{args.tokens}"
