@@ -8,8 +8,11 @@ cosines are large for almost every pair. Cosines in whitened coordinates (the Ma
 activations' covariance) do not depend on how the SAE was trained. This scores both geometries for the study's
 analysis SAE of each model, from the study's own cached SAEs and activation stores (run the study first): the
 base rates in the study's bins, pairs at |cos| >= 0.3, the variance share of the top principal directions and
-how much of an average unit decoder row lies along the first. Seconds on 2 cores. Writes
-``interference_geometry.json`` beside this file.
+how much of an average unit decoder row lies along the first. The mirror case holds as well: an SAE trained on
+raw or centred inputs is spread in raw coordinates and crowded in whitened ones, so a map is read in the
+coordinates its SAE was trained in. Seconds on 2 cores. Writes ``interference_geometry.json`` beside this file
+(the committed one scores the study's current analysis SAEs; the whitened Gemma SAE's is in the history, commit
+bdd98a6).
 
     python studies/polysemantic_interference/experiments/interference_geometry.py [--every 16]
 """
