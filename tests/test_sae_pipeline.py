@@ -273,9 +273,10 @@ def _lopsided_batches(seed: int, batch: int = 256):
 
 def test_standardized_sae_reads_raw_inputs_and_keeps_the_small_dimensions(tmp_path):
     """normalize="standardize" (trained on (x - mean) / std), "whiten" (SAELens's PCA whitening) and "center"
-    (x - mean, one scale): saved folded (they read raw activations, SAELens config "none"), and they reconstruct the
-    small dimensions a "norm" SAE gives up for the two huge ones; "center", whose MSE is the explained-variance
-    loss, explains the most variance (here by giving up the small dimensions: they hold 0.1% of it)."""
+    (x - mean, one scale) are saved folded (they read raw activations, SAELens config "none"). The first two
+    reconstruct the small dimensions a "norm" SAE gives up for the two huge ones; "center", whose MSE is the
+    explained-variance loss, explains the most variance (here by giving up the small dimensions: they hold 0.1%
+    of it)."""
     from workbench.sae.train import TrainConfig, train_sae
 
     test = next(_lopsided_batches(7, 2048))

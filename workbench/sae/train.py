@@ -469,7 +469,7 @@ def input_whitening(batches: Iterator, d_in: int, n_batches: int, kind: str = "s
     scalar: mean squared norm d_in), from the next ``n_batches`` batches, as the whitening SAELens's trainer applies,
     checkpoints and folds into the saved SAE (``fold_activation_whitening``: W_enc <- matrix W_enc,
     W_dec <- W_dec matrix^-1, b_dec <- b_dec matrix^-1 + mean). Float64, as SAELens keeps its own whitening, so the
-    fold is exact; a constant dimension keeps std 1."""
+    fold is exact; a constant dimension ("standardize") or constant input ("center") keeps scale 1."""
     import torch
     from sae_lens.training.activation_scaler import ActivationWhitening
 
