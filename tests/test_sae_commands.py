@@ -67,3 +67,32 @@ def test_collecting_with_a_bfloat16_copy_of_the_model(tiny, text, tmp_path, monk
     assert tiny.workbench["dtype"] == "float32"  # evaluated with the caller's model
     with pytest.raises(WorkbenchError, match="unknown dtype"):
         run_train(tiny, "blocks.1.hook_resid_post", name="c", collect_dtype="float8", **kwargs)
+
+
+def test_a_reused_sae_keeps_its_metrics_until_an_input_changes(tiny, text, tmp_path, monkeypatch):
+    import shutil
+
+    import workbench.sae.train as train
+    from workbench.commands.sae import run_train
+    from workbench.data.corpus import token_blocks
+
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))
+    calls = []
+    evaluate = train.evaluate_sae
+    monkeypatch.setattr(train, "evaluate_sae", lambda *a, **k: calls.append(1) or evaluate(*a, **k))
+    kwargs = dict(n_tokens=16 * 64, block_len=64, d_sae=64, k=4, batch_size=128, train_tokens=512, lr=2e-3,
+                  source=str(text), progress=False)
+    first = run_train(tiny, "blocks.1.hook_resid_post", name="r", eval_tokens=128, **kwargs)
+    again = run_train(tiny, "blocks.1.hook_resid_post", name="r", eval_tokens=128, **kwargs)
+    assert len(calls) == 1 and again["metrics"] == first["metrics"]  # the same SAE, model and tokens: reused
+    other = run_train(tiny, "blocks.1.hook_resid_post", name="r", eval_tokens=192, **kwargs)
+    assert len(calls) == 2 and other["metrics"]["eval_tokens"] != first["metrics"]["eval_tokens"]
+    # the key reads the SAE's own files: an edited config (or retrained weights) is evaluated afresh
+    blocks = token_blocks(tiny.tokenizer, 128, 64, split="heldout", seed=0, source=str(text))
+    copy = tmp_path / "copy"
+    shutil.copytree(first["path"], copy)
+    key = train.evaluation_key(tiny, copy, blocks, "blocks.1.hook_resid_post")
+    assert key == train.evaluation_key(tiny, first["path"], blocks, "blocks.1.hook_resid_post")
+    (copy / "cfg.json").write_text((copy / "cfg.json").read_text() + " ")
+    assert key != train.evaluation_key(tiny, copy, blocks, "blocks.1.hook_resid_post")
+    assert key != train.evaluation_key(tiny, first["path"], blocks[:1], "blocks.1.hook_resid_post")

@@ -77,6 +77,8 @@ def run_train(model="smollm2-135m", site: str = "blocks.12.hook_resid_post", nam
         check_site_matches,
         collect_activations,
         evaluate_sae,
+        evaluation_key,
+        read_meta,
         site_width,
         store_batches,
         store_identity,
@@ -136,8 +138,11 @@ def run_train(model="smollm2-135m", site: str = "blocks.12.hook_resid_post", nam
                     progress=progress)
     check_site_matches(model, sae)
     eval_blocks = token_blocks(model.tokenizer, eval_tokens, block_len, split="heldout", seed=seed, source=source)
-    metrics = evaluate_sae(model, sae, eval_blocks)
-    meta = update_meta(out, metrics=metrics, activations=str(store_path), tokens_collected=collected,
+    key = evaluation_key(model, out, eval_blocks, site)
+    held = read_meta(out)
+    reuse = held.get("metrics_key") == key and isinstance(held.get("metrics"), dict)
+    metrics = held["metrics"] if reuse else evaluate_sae(model, sae, eval_blocks)
+    meta = update_meta(out, metrics=metrics, metrics_key=key, activations=str(store_path), tokens_collected=collected,
                        store_complete=store.complete, epochs=cfg.n_tokens / collected)
     return {"path": str(out), "name": name, **{k_: meta[k_] for k_ in ("tokens_collected", "tokens_trained", "epochs",
                                                                         "store_complete")}, "metrics": metrics}

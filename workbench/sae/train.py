@@ -578,6 +578,22 @@ def evaluate_sae(model, sae, blocks, batch_size: int = 8) -> dict:
     }
 
 
+def evaluation_key(model, folder: str | Path, blocks, site: str) -> str:
+    """What ``evaluate_sae``'s metrics of the SAE saved in ``folder`` depend on: its files, the model (weights,
+    dtype, attention kernel), the evaluation tokens, and this module's source (the evaluation and its splice
+    hook). Metrics recorded under the same key are reused: re-evaluating an SAE that a study only reuses took
+    about a minute per SAE."""
+    from workbench.models.loading import model_identity
+
+    h = hashlib.sha256(json.dumps([model_identity(model, [site]), list(blocks.shape)], sort_keys=True).encode())
+    h.update(Path(__file__).read_bytes())
+    for name in ("cfg.json", "sae_weights.safetensors"):
+        h.update(name.encode())
+        h.update((Path(folder) / name).read_bytes())
+    h.update(blocks.contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def check_site_matches(model, sae, site: str | None = None) -> str:
     """The SAE's site exists in ``model`` and has width ``d_in``; otherwise one clear line."""
     from workbench.capture import check_sites
