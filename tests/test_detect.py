@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from workbench.cli import app
-from workbench.commands.detect import labelled_auc, load_detector, train_detector
+from workbench.commands.detect import labelled_metrics, load_detector, train_detector
 from workbench.detect import DetectorConfig, score_prompts
 from workbench.detect.trained import AUTO
 from workbench.errors import WorkbenchError
@@ -82,6 +82,7 @@ def test_cli_scores_and_reports_the_auc_of_a_labelled_file(tmp_path, detector):
     got = json.loads(as_json.stdout)
     assert (got["scored"], got["trained_now"], got["flagged"]) == (2, False, sum(r["flagged"] for r in rows))
     assert got["auc"] is not None and 0 <= got["auc"] <= 1
+    assert got["labelled"]["auc"] == got["auc"] and (got["labelled"]["injected"], got["labelled"]["clean"]) == (1, 1)
     long = {"text": RECORDS[0]["text"] + "\n\n" + "the quarterly numbers are attached. " * 16, "label": "clean"}
     prompts.write_text(json.dumps(long) + "\n")  # longer than the context, and one class
     result = CliRunner().invoke(app, ["detect", "--model", "tiny", "--prompts", str(prompts),
@@ -91,12 +92,19 @@ def test_cli_scores_and_reports_the_auc_of_a_labelled_file(tmp_path, detector):
     assert json.loads((tmp_path / "p.scores.jsonl").read_text())["truncated"] is True
 
 
-def test_labelled_auc_reads_common_labels():
-    rows = [{"label": lab, "score": s} for lab, s in (("clean", 0.1), ("injected", 0.9), (0, 0.2), (1, 0.3))]
-    assert labelled_auc(rows) == (1.0, 4)
-    assert labelled_auc([{"score": 0.1}]) is None
-    auc, n = labelled_auc([{"label": "clean", "score": 0.1}, {"label": 0, "score": 0.4}])
-    assert math.isnan(auc) and n == 2  # one class: no AUC, said so
+def test_labelled_metrics_read_common_labels_and_match_lengths():
+    rows = [{"label": lab, "score": s, "flagged": s > 0.5}
+            for lab, s in (("clean", 0.1), ("injected", 0.9), (0, 0.2), (1, 0.3), ("benign", 0.6))]
+    got = labelled_metrics(rows, [100, 200, 100, 100, 300])
+    assert (got["n"], got["injected"], got["clean"]) == (5, 2, 3)
+    assert got["auc"] == pytest.approx(5 / 6) and got["auc_low"] <= got["auc"] <= got["auc_high"]
+    # only lengths within 10% are compared: injected 0.3 (length 100) against clean 0.1 and 0.2 (length 100)
+    assert (got["length_matched_auc"], got["matched_pairs"]) == (1.0, 2)
+    assert (got["flagged_injected"], got["flagged_clean"]) == (0.5, pytest.approx(1 / 3))
+    assert labelled_metrics([{"score": 0.1, "flagged": False}], [10]) is None
+    one = labelled_metrics([{"label": "clean", "score": 0.1, "flagged": False},
+                            {"label": 0, "score": 0.4, "flagged": False}], [10, 10])
+    assert math.isnan(one["auc"]) and one["n"] == 2  # one class: no AUC, said so
 
 
 def test_detector_reward_scores_like_the_detector_and_writes_nothing(tiny, detector, tmp_path, monkeypatch):

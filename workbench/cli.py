@@ -336,7 +336,13 @@ def detect(
         return
     from workbench.capture import read_prompt_file, replica_spec
     from workbench.cluster import capture_engine
-    from workbench.commands.detect import detector_folder, labelled_auc, score_file, trained_or_loaded
+    from workbench.commands.detect import (
+        detector_folder,
+        labelled_metrics,
+        metrics_lines,
+        score_file,
+        trained_or_loaded,
+    )
     from workbench.detect import DetectorConfig, resolve_layer
     from workbench.detect.trained import DEFAULT_PAIRS, summary_line
 
@@ -366,18 +372,18 @@ def detect(
         rows = score_file(hooked, trained_detector, records, out, chat=chat)
     flagged = sum(r["flagged"] for r in rows)
     cut = sum(r["truncated"] for r in rows)
-    got = labelled_auc(rows)
+    got = labelled_metrics(rows, [len(r["text"]) for r in records])
     if as_json:
         return _echo_json({**result, "scores": str(out), "scored": len(rows), "flagged": flagged, "truncated": cut,
-                           "auc": None if got is None or math.isnan(got[0]) else got[0]})
+                           "auc": None if got is None or math.isnan(got["auc"]) else got["auc"],
+                           "labelled": None if got is None else {k: None if isinstance(v, float) and math.isnan(v)
+                                                                 else v for k, v in got.items()}})
     typer.echo(f"scored {len(rows)} prompts ({flagged} flagged) -> {out}")
     if cut:
         typer.echo(f"{cut} prompts were longer than {trained_detector['config']['max_tokens']} tokens: each was "
                    "scored on its last tokens, as the detector was trained ('truncated' in the scores)")
-    if got is not None and math.isnan(got[0]):
-        typer.echo(f"no AUC: every label in the file is of one class ({got[1]} prompts); an AUC needs both")
-    elif got is not None:
-        typer.echo(f"AUC against the file's labels: {got[0]:.3f} ({got[1]} prompts)")
+    for line in metrics_lines(got) if got is not None else ():
+        typer.echo(line)
 
 
 @detect_app.command("eval")

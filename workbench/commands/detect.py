@@ -131,18 +131,39 @@ def score_file(model, detector: dict, records: list[dict], out: Path, chat: bool
     return rows
 
 
-def labelled_auc(rows: list[dict]) -> tuple[float, int] | None:
-    """AUC of the scores against the records' labels, when every record has one (clean: 0, false, ...); NaN
+def labelled_metrics(rows: list[dict], lengths, n_boot: int = 1000) -> dict | None:
+    """How the scores separate the file's labels (clean: 0, false, ...), when every record has one: the AUC with
+    its bootstrap CI, the length-matched AUC (pairs within 10% of each other's length in characters, as
+    ``workbench detect eval`` counts it), and what the detector's threshold flags of each class. The AUCs are NaN
     when the labels are all of one class."""
-    from workbench.detect.metrics import auc
+    from workbench.detect.metrics import auc_ci, length_matched_auc
 
     if not rows or any("label" not in r for r in rows):
         return None
     clean = {"clean", "benign", "0", "false", "no", "negative"}
     y = np.array([str(r["label"]).strip().lower() not in clean for r in rows], dtype=int)
-    if len(set(y)) < 2:
-        return math.nan, len(rows)
-    return auc(y, np.array([r["score"] for r in rows])), len(rows)
+    s = np.array([r["score"] for r in rows], dtype=float)
+    flagged = np.array([bool(r["flagged"]) for r in rows])
+    a, lo, hi = auc_ci(y, s, n_boot=n_boot)
+    matched, n_matched = length_matched_auc(y, s, lengths)
+    return {"n": len(rows), "injected": int(y.sum()), "clean": int(len(y) - y.sum()), "auc": a, "auc_low": lo,
+            "auc_high": hi, "length_matched_auc": matched, "matched_pairs": n_matched,
+            "flagged_injected": float(flagged[y == 1].mean()) if y.any() else math.nan,
+            "flagged_clean": float(flagged[y == 0].mean()) if not y.all() else math.nan}
+
+
+def metrics_lines(got: dict) -> list[str]:
+    """``labelled_metrics`` as the lines ``workbench detect`` prints."""
+    if math.isnan(got["auc"]):
+        return [f"no AUC: every label in the file is of one class ({got['n']} prompts); an AUC needs both"]
+    lines = [f"AUC against the file's labels: {got['auc']:.3f} (95% CI {got['auc_low']:.3f}-{got['auc_high']:.3f}; "
+             f"{got['injected']} injected, {got['clean']} clean)"]
+    if got["matched_pairs"]:
+        lines.append(f"length-matched AUC: {got['length_matched_auc']:.3f} ({got['matched_pairs']} injected/clean "
+                     "pairs within 10% of each other's length)")
+    lines.append(f"at the detector's threshold: {got['flagged_injected']:.0%} of injected and "
+                 f"{got['flagged_clean']:.0%} of clean prompts flagged")
+    return lines
 
 
 # ----------------------------------------------------------------------------- generalization: `workbench detect eval`
