@@ -316,3 +316,30 @@ def test_topology_and_sae_drift_are_zero_for_float_and_grow_with_coarser_quantiz
     assert has_drift(rows)
     fig = drift_figure(rows, "setting", "drift")
     assert {t.name for t in fig.data} >= {"A2 H1", "SAE unexplained variance", "active-feature Jaccard"}
+
+
+def test_compare_settings_resumes_from_its_finished_settings(tiny, tmp_path, monkeypatch):
+    """Each finished setting is kept: a second run computes nothing it has, equal rows come back, a new setting
+    or other tokens are computed, and a damaged entry is computed again."""
+    calls = []
+    nll = evaluate.token_nll
+    monkeypatch.setattr(evaluate, "token_nll", lambda *a, **k: calls.append(k.get("desc")) or nll(*a, **k))
+    blocks = torch.randint(1, 256, (2, 32), generator=torch.Generator().manual_seed(2))
+    kwargs = dict(drift_blocks=1, progress=False, topology_layers=[1], topology_k=20, cache=tmp_path)
+    first = evaluate.compare_settings(tiny, blocks, ["A8", "A4"], **kwargs)
+    assert calls == ["float", "A8", "A4"]
+    again = evaluate.compare_settings(tiny, blocks, ["A4", "A8", "FP8-e4m3-mx"], **kwargs)
+    assert calls[3:] == ["FP8-e4m3-mx"]  # float, A8 and A4 read back
+    by = {r["setting"]: r for r in again}
+    import json
+
+    for row in first:  # the same numbers, exactly (NaN included)
+        plain = json.dumps(row, sort_keys=True, default=lambda o: o.item())
+        assert json.dumps(by[row["setting"]], sort_keys=True) == plain
+    assert by["FP8-e4m3-mx"]["float_ppl_window_end"] == first[0]["float_ppl_window_end"]
+    folder = next(p for p in tmp_path.iterdir() if p.is_dir())
+    next(folder.glob("A8-*.json")).write_text("{not json")
+    evaluate.compare_settings(tiny, blocks, ["A8"], **kwargs)
+    assert calls[4:] == ["A8"]
+    evaluate.compare_settings(tiny, blocks.flip(1), ["A8"], **kwargs)  # other tokens: another folder
+    assert calls[5:] == ["float", "A8"] and len([p for p in tmp_path.iterdir() if p.is_dir()]) == 2

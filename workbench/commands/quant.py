@@ -24,10 +24,12 @@ def run_quant_eval(model: str = "smollm2-135m", settings: Sequence[str | dict] |
 
     This is ``workbench quant eval``. ``settings`` defaults to every preset; ``source`` is a
     local .txt/.md/.jsonl file or folder instead of the package-docs corpus; ``topology_layers``
-    and ``sae`` (a trained SAE's name or folder) add the topology and SAE drift columns.
+    and ``sae`` (a trained SAE's name or folder) add the topology and SAE drift columns. Each finished setting
+    is kept in the user cache, so an interrupted run resumes at its first unfinished one.
     """
     from workbench.data.corpus import token_blocks
     from workbench.models import load_model
+    from workbench.paths import cache_root
 
     chosen = list(settings) if settings else list(PRESETS)
     resolved = [resolve_setting(s) for s in chosen]  # fail on a typo before loading anything
@@ -40,7 +42,7 @@ def run_quant_eval(model: str = "smollm2-135m", settings: Sequence[str | dict] |
     blocks = token_blocks(hooked.tokenizer, n_tokens, block_len, split=split, seed=seed, source=source)
     rows = compare_settings(hooked, blocks, resolved, batch_size=batch_size, drift_blocks=drift_blocks,
                             progress=progress, topology_layers=topology_layers, topology_k=topology_k,
-                            sae=sae, seed=seed)
+                            sae=sae, seed=seed, cache=cache_root() / "quant-eval")
     if out is not None:
         write_quant_results(rows, out, model, block_len, resolved, source=source, config=config or {
             "model": model, "n_tokens": n_tokens, "block_len": block_len, "seed": seed, "batch_size": batch_size,

@@ -130,6 +130,20 @@ class DriftMeter:
             self.sae_site = check_site_matches(model, sae)
         self.sites = list(dict.fromkeys(self.topology_sites + ([self.sae_site] if self.sae_site else [])))
 
+    def fingerprint(self) -> str:
+        """What this meter's columns depend on besides the streams: its layers, k, seed and the SAE (weights and
+        config), as a short hash for the keys of cached results."""
+        import hashlib
+        import json
+
+        h = hashlib.sha256(json.dumps([self.topology_sites, self.k, self.seed, self.sae_site], default=str).encode())
+        if self.sae is not None:
+            h.update(json.dumps(self.sae.cfg.to_dict(), sort_keys=True, default=str).encode())
+            for name, tensor in sorted(self.sae.state_dict().items()):
+                h.update(name.encode())
+                h.update(tensor.detach().float().contiguous().cpu().numpy().tobytes())
+        return h.hexdigest()[:16]
+
     def set_reference(self, streams: dict[str, torch.Tensor]) -> None:
         self.ref = streams
         self.ref_topology = cloud_signatures({n: streams[n] for n in self.topology_sites}, self.k, self.seed)
