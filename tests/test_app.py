@@ -410,6 +410,8 @@ def test_model_tools_studies_and_a_quantization_setting(app_env):
     at = open_page("tools")
     assert at.title[0].value == "Model tools"
     assert len(at.tabs) == 2
+    profiles = set(at.selectbox(key="sparse_attention_model").options)  # the committed quick and full profiles
+    assert {"smollm2-135m (quick profile)", "smollm2-135m (full profile)", "gemma3-270m (full profile)"} <= profiles
     at.selectbox(key="quant_setting").select("A4").run()
     at.button(key="quant_run").click().run()
     assert not at.exception and not at.error

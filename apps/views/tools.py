@@ -21,13 +21,17 @@ TEXT = ("The committee met on Tuesday to review the budget. After a long discuss
 
 
 def study_results(study: str) -> dict[str, dict]:
-    """``results.json`` per model of a study's committed results, keyed by model folder name."""
+    """``results.json`` of every committed profile of a study (``results/`` is its quick profile, a full run has its
+    own ``results-*`` folder), keyed by "model (quick|full profile)"."""
     out = {}
-    for path in sorted((REPO / "studies" / study / "results").glob("*/results.json")):
+    for path in sorted((REPO / "studies" / study).glob("results*/*/results.json")):
         try:
-            out[path.parent.name] = json.loads(path.read_text())
+            record = json.loads(path.read_text())
         except ValueError:
             st.warning(f"{path} is not valid JSON; re-run the study")
+            continue
+        quick = (record.get("config") or {}).get("quick")
+        out[path.parent.name + {True: " (quick profile)", False: " (full profile)"}.get(quick, "")] = record
     return out
 
 
@@ -37,7 +41,7 @@ def show_study(study: str, figure, log_y: bool = False) -> None:
     if not results:
         missing(f"No {study.replace('_', ' ')} results yet.", command)
         return
-    models = sorted(results, key=lambda m: m != default_model())  # the embedded default first
+    models = sorted(results, key=lambda m: (m.split(" ")[0] != default_model(), m))  # the embedded default first
     model = st.selectbox("results for", models, key=f"{study}_model")
     record = results[model]
     rows = record["rows"]
