@@ -101,6 +101,7 @@ def test_labelled_metrics_read_common_labels_and_match_lengths():
     # only lengths within 10% are compared: injected 0.3 (length 100) against clean 0.1 and 0.2 (length 100)
     assert (got["length_matched_auc"], got["matched_pairs"]) == (1.0, 2)
     assert (got["flagged_injected"], got["flagged_clean"]) == (0.5, pytest.approx(1 / 3))
+    assert got["tpr_at_1pct_fpr"] == got["tpr_at_5pct_fpr"] == 0.5  # 0.9 is above every clean score, 0.3 is not
     assert labelled_metrics([{"score": 0.1, "flagged": False}], [10]) is None
     one = labelled_metrics([{"label": "clean", "score": 0.1, "flagged": False},
                             {"label": 0, "score": 0.4, "flagged": False}], [10, 10])

@@ -134,9 +134,9 @@ def score_file(model, detector: dict, records: list[dict], out: Path, chat: bool
 def labelled_metrics(rows: list[dict], lengths, n_boot: int = 1000) -> dict | None:
     """How the scores separate the file's labels (clean: 0, false, ...), when every record has one: the AUC with
     its bootstrap CI, the length-matched AUC (pairs within 10% of each other's length in characters, as
-    ``workbench detect eval`` counts it), and what the detector's threshold flags of each class. The AUCs are NaN
-    when the labels are all of one class."""
-    from workbench.detect.metrics import auc_ci, length_matched_auc
+    ``workbench detect eval`` counts it), the true-positive rate at 1% and 5% false positives, and what the
+    detector's threshold flags of each class. The AUCs and rates are NaN when the labels are all of one class."""
+    from workbench.detect.metrics import auc_ci, length_matched_auc, tpr_at_fpr
 
     if not rows or any("label" not in r for r in rows):
         return None
@@ -148,6 +148,7 @@ def labelled_metrics(rows: list[dict], lengths, n_boot: int = 1000) -> dict | No
     matched, n_matched = length_matched_auc(y, s, lengths)
     return {"n": len(rows), "injected": int(y.sum()), "clean": int(len(y) - y.sum()), "auc": a, "auc_low": lo,
             "auc_high": hi, "length_matched_auc": matched, "matched_pairs": n_matched,
+            "tpr_at_1pct_fpr": tpr_at_fpr(y, s, 0.01), "tpr_at_5pct_fpr": tpr_at_fpr(y, s, 0.05),
             "flagged_injected": float(flagged[y == 1].mean()) if y.any() else math.nan,
             "flagged_clean": float(flagged[y == 0].mean()) if not y.all() else math.nan}
 
@@ -161,6 +162,8 @@ def metrics_lines(got: dict) -> list[str]:
     if got["matched_pairs"]:
         lines.append(f"length-matched AUC: {got['length_matched_auc']:.3f} ({got['matched_pairs']} injected/clean "
                      "pairs within 10% of each other's length)")
+    lines.append(f"true-positive rate at 1% / 5% false positives: {got['tpr_at_1pct_fpr']:.0%} / "
+                 f"{got['tpr_at_5pct_fpr']:.0%}")
     lines.append(f"at the detector's threshold: {got['flagged_injected']:.0%} of injected and "
                  f"{got['flagged_clean']:.0%} of clean prompts flagged")
     return lines
