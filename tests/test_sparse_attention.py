@@ -310,3 +310,29 @@ def test_plain_tensor_kernels_live_in_workbench_kernels():
         assert getattr(sa, name) is getattr(attention, name)
     assert isinstance(sa.Tactic(0.8), attention.TailFit)
     assert sa.Tactic.count is attention.TailFit.count
+
+
+def test_compare_attention_resumes_from_its_finished_methods(tiny_setup, tmp_path, monkeypatch):
+    """Each finished method's row is kept: a second run decodes only full attention (its reference) and what it
+    lacks, `auto` budgets come from the kept Tactic row, and another model built in code shares nothing."""
+    model, tokens, _ = tiny_setup
+    import copy
+    import json
+
+    import workbench.tools.sparse_attention.evaluate as evaluate_module
+
+    decoded = []
+    decode = evaluate_module.decode
+    monkeypatch.setattr(evaluate_module, "decode", lambda m, t, n, selector, **k:
+                        decoded.append(type(selector).__name__) or decode(m, t, n, selector, **k))
+    methods = ["full", "tactic:0.9", "topk:auto"]
+    first = sa.compare_attention(model, tokens, 128, methods, progress=False, cache=tmp_path)
+    assert decoded == ["Full", "Full", "Tactic", "TopK"]
+    again = sa.compare_attention(model, tokens, 128, [*methods, "streaming:32"], progress=False, cache=tmp_path)
+    assert decoded[4:] == ["Full", "StreamingLLM"]
+    assert json.dumps(again[:3], sort_keys=True) == json.dumps(first, sort_keys=True, default=lambda o: o.item())
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        other.blocks[0].attn.W_Q.mul_(1.5)  # other weights, same config and no recorded hash
+    sa.compare_attention(other, tokens, 128, ["full"], progress=False, cache=tmp_path)
+    assert decoded[6:] == ["Full", "Full"] and len(list(tmp_path.iterdir())) == 2

@@ -165,3 +165,53 @@ def write_jsonl(records: list[dict], path: str | Path) -> Path:
     path = Path(path)
     write_text_atomic(path, jsonl_text(records))
     return path
+
+
+class ItemCache:
+    """The finished items of a long evaluation (a quantization setting, an attention method), one JSON file each in
+    a folder named by a hash of every input the items depend on, so an interrupted run resumes at its first
+    unfinished item and nothing computed under other inputs is ever served. Each file is written atomically; an
+    unreadable one counts as missing (computed again). ``ItemCache.keyed(None, ...)`` keeps nothing."""
+
+    def __init__(self, folder: Path | None):
+        self.folder = folder
+
+    @classmethod
+    def keyed(cls, cache: str | Path | None, parts, *arrays) -> ItemCache:
+        """The cache in ``cache`` for these inputs: JSON-able ``parts`` and the bytes of numpy-convertible ``arrays``."""
+        if cache is None:
+            return cls(None)
+        import hashlib
+
+        import numpy as np
+
+        h = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode())
+        for array in arrays:
+            array = np.ascontiguousarray(array)
+            h.update(f"{array.dtype}{array.shape}".encode())
+            h.update(array.tobytes())
+        return cls(Path(cache) / h.hexdigest()[:16])
+
+    def _file(self, name: str, item) -> Path:
+        import hashlib
+
+        digest = hashlib.sha256(json.dumps(item, sort_keys=True, default=str).encode()).hexdigest()[:12]
+        return self.folder / f"{''.join(c if c.isalnum() or c in '+-_.' else '_' for c in name)}-{digest}.json"
+
+    def get(self, name: str, item) -> dict | None:
+        """The value kept for ``item`` (a JSON-able description; ``name`` names its file), or None."""
+        file = None if self.folder is None else self._file(name, item)
+        if file is None or not file.is_file():
+            return None
+        try:
+            value = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return value if isinstance(value, dict) else None
+
+    def put(self, name: str, item, value: dict) -> None:
+        """Keep ``value`` (numpy scalars as plain numbers; floats exactly, NaN included)."""
+        if self.folder is None:
+            return
+        text = json.dumps(value, default=lambda o: o.item() if hasattr(o, "item") else str(o))
+        write_text_atomic(self._file(name, item), text)

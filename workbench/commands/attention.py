@@ -26,12 +26,14 @@ def run_attention_eval(model: str = "smollm2-135m", methods: Sequence[str] | Non
     """``workbench attention eval``: prefill ``context`` held-out tokens, decode ``decode_steps`` under each method.
 
     ``topology_layers`` and ``sae`` (a trained SAE's name or folder) add the topology and SAE drift columns.
+    Each finished method is kept in the user cache, so an interrupted run resumes at its first unfinished one.
 
     Writes results.csv, results.json (config, versions, per-layer metrics) and figure.html to ``out``.
     """
 
     from workbench.data.corpus import token_blocks
     from workbench.models import load_model
+    from workbench.paths import cache_root
 
     methods = list(methods) if methods else ["full", "topp:0.9", "tactic:0.9", "topk:auto", "quest:auto",
                                              "streaming:auto", "h2o:auto"]
@@ -49,7 +51,7 @@ def run_attention_eval(model: str = "smollm2-135m", methods: Sequence[str] | Non
     length = context + decode_steps + 1
     tokens = token_blocks(hooked.tokenizer, length, length, split=split, seed=seed, source=source)
     rows = compare_attention(hooked, tokens, context, methods, progress=progress, topology_layers=topology_layers,
-                             topology_k=topology_k, sae=sae, seed=seed)
+                             topology_k=topology_k, sae=sae, seed=seed, cache=cache_root() / "attention-eval")
     if out is not None:
         write_attention_results(rows, out, model, context, decode_steps, source=source, config=config or {
             "model": model, "methods": methods, "context": context, "decode_steps": decode_steps, "seed": seed,

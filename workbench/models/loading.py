@@ -92,6 +92,15 @@ def model_identity(model, hook_names=()) -> dict:
             "d_model": int(model.cfg.d_model), "attention": info.get("attention") or implementation(model, hook_names)}
 
 
+def cache_identity(model, hook_names=()) -> dict:
+    """``model_identity`` for the key of a cache entry: a model built in code records no weights hash, so its
+    parameters are hashed (``state_sha256``), and two such models never share an entry."""
+    identity = model_identity(model, hook_names)
+    if not identity["weights_sha256"]:
+        identity["weights_sha256"] = state_sha256(model)
+    return identity
+
+
 def load_model(
     name: str | None = None,
     *,

@@ -583,9 +583,9 @@ def evaluation_key(model, folder: str | Path, blocks, site: str) -> str:
     dtype, attention kernel), the evaluation tokens, and this module's source (the evaluation and its splice
     hook). Metrics recorded under the same key are reused: re-evaluating an SAE that a study only reuses took
     about a minute per SAE."""
-    from workbench.models.loading import model_identity
+    from workbench.models.loading import cache_identity
 
-    h = hashlib.sha256(json.dumps([model_identity(model, [site]), list(blocks.shape)], sort_keys=True).encode())
+    h = hashlib.sha256(json.dumps([cache_identity(model, [site]), list(blocks.shape)], sort_keys=True).encode())
     h.update(Path(__file__).read_bytes())
     for name in ("cfg.json", "sae_weights.safetensors"):
         h.update(name.encode())

@@ -24,7 +24,6 @@ import dataclasses
 import math
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 
 import torch
 
@@ -211,7 +210,7 @@ def resid_drifts(model, tokens: torch.Tensor, setting: str | dict | QuantSetting
 def compare_settings(model, token_blocks: torch.Tensor, settings: Sequence[str | dict | QuantSetting],
                      batch_size: int = 2, drift_blocks: int = 2, progress: bool = True,
                      topology_layers: Sequence[int] | None = None, topology_k: int = 128, sae=None,
-                     seed: int = 0, cache: str | Path | None = None) -> list[dict]:
+                     seed: int = 0, cache=None) -> list[dict]:
     """One row per setting: perplexities (prefill and window-end), bits, causality flag, drift, time.
 
     ``drift_*`` is the relative L2 error of the residual stream over all positions (dominated
@@ -221,7 +220,7 @@ def compare_settings(model, token_blocks: torch.Tensor, settings: Sequence[str |
 
     The float model is always evaluated first (as ``float``) and gives the reference columns.
 
-    ``cache``: a folder where each finished setting's row and per-token losses are kept (``settings_folder``),
+    ``cache``: a folder where each finished setting's row and per-token losses are kept (``settings_cache``),
     so an interrupted evaluation resumes at its first unfinished setting (a full profile is about an hour per
     model on 2 cores); a cached row keeps the ``seconds`` of the run that computed it.
     """
@@ -238,14 +237,13 @@ def compare_settings(model, token_blocks: torch.Tensor, settings: Sequence[str |
     ref = site_activations(model, drift_batch, sites)
     if meter.sites:
         meter.set_reference(token_rows(ref, meter.sites))
-    folder = settings_folder(cache, model, token_blocks, batch_size, drift_blocks, meter)
+    kept = settings_cache(cache, model, token_blocks, batch_size, drift_blocks, meter)
     rows, float_nll = [], None
     for s in ordered:
-        held = _read_setting(folder, s)
-        if held is not None:
-            row, nll = held
-            float_nll = nll if float_nll is None else float_nll
-            rows.append(row)
+        held = kept.get(s.name, dataclasses.asdict(s))
+        if held is not None:  # finished by an earlier run under the same inputs
+            float_nll = torch.tensor(held["nll"]) if float_nll is None else float_nll
+            rows.append(held["row"])
             continue
         t0 = time.perf_counter()
         with apply_setting(model, s):
@@ -280,62 +278,20 @@ def compare_settings(model, token_blocks: torch.Tensor, settings: Sequence[str |
         })
         if meter.sites:
             rows[-1] |= meter.measure(token_rows(got, meter.sites))
-        _write_setting(folder, s, rows[-1], nll)
+        kept.put(s.name, dataclasses.asdict(s), {"row": rows[-1], "nll": nll.float().cpu().tolist()})
     return rows
 
 
-def settings_folder(cache, model, token_blocks: torch.Tensor, batch_size: int, drift_blocks: int,
-                    meter: DriftMeter) -> Path | None:
-    """The folder in ``cache`` of one evaluation's finished settings, named by everything a row depends on: the
-    model (weights, dtype, attention kernel), the tokens, the batch and drift settings, the drift meter (layers,
+def settings_cache(cache, model, token_blocks: torch.Tensor, batch_size: int, drift_blocks: int, meter: DriftMeter):
+    """The ``ItemCache`` in ``cache`` of one evaluation's finished settings, keyed by everything a row depends on:
+    the model (weights, dtype, attention kernel), the tokens, the batch and drift settings, the drift meter (layers,
     k, seed, SAE) and the workbench's code, so no row computed under other inputs is ever served."""
-    if cache is None:
-        return None
-    import hashlib
-    import json
-
-    from workbench.models.loading import model_identity
+    from workbench.io import ItemCache
+    from workbench.models.loading import cache_identity
     from workbench.report import source_sha256
 
-    h = hashlib.sha256(json.dumps([model_identity(model), list(token_blocks.shape), batch_size, drift_blocks,
-                                   meter.fingerprint(), source_sha256()], sort_keys=True, default=str).encode())
-    h.update(token_blocks.contiguous().cpu().numpy().tobytes())
-    return Path(cache) / h.hexdigest()[:16]
-
-
-def _setting_file(folder: Path, s: QuantSetting) -> Path:
-    import hashlib
-    import json
-
-    blob = json.dumps(dataclasses.asdict(s), sort_keys=True).encode()
-    return folder / f"{s.name.replace('/', '_')}-{hashlib.sha256(blob).hexdigest()[:12]}.json"
-
-
-def _read_setting(folder: Path | None, s: QuantSetting) -> tuple[dict, torch.Tensor] | None:
-    """A finished setting's (row, per-token losses), or None (not cached, or unreadable: computed again)."""
-    import json
-
-    file = None if folder is None else _setting_file(folder, s)
-    if file is None or not file.is_file():
-        return None
-    try:
-        held = json.loads(file.read_text())
-        return held["row"], torch.tensor(held["nll"], dtype=torch.float32)
-    except (OSError, ValueError, KeyError, TypeError):  # a damaged entry is computed again and replaced
-        return None
-
-
-def _write_setting(folder: Path | None, s: QuantSetting, row: dict, nll: torch.Tensor) -> None:
-    """The row (numpy scalars as plain numbers) and the float32 losses, exactly, as JSON written atomically."""
-    if folder is None:
-        return
-    import json
-
-    from workbench.io import write_text_atomic
-
-    text = json.dumps({"row": row, "nll": nll.detach().float().cpu().tolist()},
-                      default=lambda o: o.item() if hasattr(o, "item") else str(o))
-    write_text_atomic(_setting_file(folder, s), text)
+    return ItemCache.keyed(cache, ["quant_eval", cache_identity(model), batch_size, drift_blocks, meter.fingerprint(),
+                                   source_sha256()], token_blocks.cpu().numpy())
 
 
 QUANT_COLUMNS = ("setting", "weight_bits", "act_bits", "mixes", "ppl", "ppl_window_end", "float_ppl_window_end",
