@@ -208,3 +208,25 @@ def test_full_h0_with_landmarks_is_the_exact_h0():
     assert lm.extras["h0"] == "full cloud" and len(lm.landmarks) == 50
     np.testing.assert_array_equal(lm.dgms[0], rips_persistence(X, maxdim=0).dgms[0])
     assert len(rips_persistence(X, landmarks=50).dgms[0]) == 50  # landmark H0 otherwise
+
+
+def test_item_cache_keeps_values_exactly_and_keys_by_every_input(tmp_path):
+    import math
+
+    import numpy as np
+    import torch
+
+    from workbench.io import ItemCache
+
+    kept = ItemCache.keyed(tmp_path, ["eval", 1], np.arange(4))
+    value = {"x": np.float32(0.1), "n": np.int64(3), "nan": math.nan, "v": np.array([1.5, 2.5]), "t": torch.tensor([1, 2])}
+    kept.put("a/b", {"p": 1}, value)
+    got = ItemCache.keyed(tmp_path, ["eval", 1], np.arange(4)).get("a/b", {"p": 1})
+    assert got["x"] == float(np.float32(0.1)) and got["n"] == 3 and math.isnan(got["nan"])
+    assert got["v"] == [1.5, 2.5] and got["t"] == [1, 2]
+    assert kept.get("a/b", {"p": 2}) is None  # another item
+    assert ItemCache.keyed(tmp_path, ["eval", 1], np.arange(5)).get("a/b", {"p": 1}) is None  # other arrays
+    assert ItemCache.keyed(tmp_path, ["eval", 2], np.arange(4)).get("a/b", {"p": 1}) is None  # other parts
+    assert ItemCache.keyed(None, ["eval", 1]).get("a/b", {"p": 1}) is None  # None keeps nothing
+    next(kept.folder.iterdir()).write_text("[1, 2")  # damaged: missing, computed again
+    assert kept.get("a/b", {"p": 1}) is None

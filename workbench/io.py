@@ -210,8 +210,8 @@ class ItemCache:
         return value if isinstance(value, dict) else None
 
     def put(self, name: str, item, value: dict) -> None:
-        """Keep ``value`` (numpy scalars as plain numbers; floats exactly, NaN included)."""
+        """Keep ``value`` (numpy and torch values as plain numbers and lists; floats exactly, NaN included)."""
         if self.folder is None:
             return
-        text = json.dumps(value, default=lambda o: o.item() if hasattr(o, "item") else str(o))
+        text = json.dumps(value, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
         write_text_atomic(self._file(name, item), text)

@@ -221,7 +221,7 @@ def compare_settings(model, token_blocks: torch.Tensor, settings: Sequence[str |
     The float model is always evaluated first (as ``float``) and gives the reference columns.
 
     ``cache``: a folder where each finished setting's row and per-token losses are kept (``settings_cache``),
-    so an interrupted evaluation resumes at its first unfinished setting (a full profile is about an hour per
+    so an interrupted evaluation resumes at its first unfinished setting (a full profile took 36-46 min per
     model on 2 cores); a cached row keeps the ``seconds`` of the run that computed it.
     """
     resolved = [resolve_setting(s) for s in settings]
