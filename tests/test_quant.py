@@ -316,6 +316,13 @@ def test_topology_and_sae_drift_are_zero_for_float_and_grow_with_coarser_quantiz
     assert has_drift(rows)
     fig = drift_figure(rows, "setting", "drift")
     assert {t.name for t in fig.data} >= {"A2 H1", "SAE unexplained variance", "active-feature Jaccard"}
+    from workbench.tools.drift import DriftMeter  # the key of cached rows sees the SAE's weights
+
+    before = DriftMeter(tiny, [0, 1], 60, sae).fingerprint()
+    assert before == DriftMeter(tiny, [0, 1], 60, sae).fingerprint() != DriftMeter(tiny, [0, 1], 60).fingerprint()
+    with torch.no_grad():
+        sae.W_dec.mul_(2)
+    assert DriftMeter(tiny, [0, 1], 60, sae).fingerprint() != before
 
 
 def test_compare_settings_resumes_from_its_finished_settings(tiny, tmp_path, monkeypatch):

@@ -136,13 +136,11 @@ class DriftMeter:
         import hashlib
         import json
 
-        h = hashlib.sha256(json.dumps([self.topology_sites, self.k, self.seed, self.sae_site], default=str).encode())
-        if self.sae is not None:
-            h.update(json.dumps(self.sae.cfg.to_dict(), sort_keys=True, default=str).encode())
-            for name, tensor in sorted(self.sae.state_dict().items()):
-                h.update(name.encode())
-                h.update(tensor.detach().float().contiguous().cpu().numpy().tobytes())
-        return h.hexdigest()[:16]
+        from workbench.models.loading import state_sha256
+
+        sae = None if self.sae is None else [self.sae.cfg.to_dict(), state_sha256(self.sae)]
+        blob = json.dumps([self.topology_sites, self.k, self.seed, self.sae_site, sae], sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def set_reference(self, streams: dict[str, torch.Tensor]) -> None:
         self.ref = streams
