@@ -580,13 +580,14 @@ def evaluate_sae(model, sae, blocks, batch_size: int = 8) -> dict:
 
 def evaluation_key(model, folder: str | Path, blocks, site: str) -> str:
     """What ``evaluate_sae``'s metrics of the SAE saved in ``folder`` depend on: its files, the model (weights,
-    dtype, attention kernel), the evaluation tokens, and this module's source (the evaluation and its splice
-    hook). Metrics recorded under the same key are reused: re-evaluating an SAE that a study only reuses took
-    about a minute per SAE."""
+    dtype, attention kernel), the evaluation tokens, the workbench's code and the package versions
+    (``report.versions``, as study jobs are keyed). Metrics recorded under the same key are reused: re-evaluating
+    an SAE that a study only reuses took about a minute per SAE."""
     from workbench.models.loading import cache_identity
+    from workbench.report import versions
 
-    h = hashlib.sha256(json.dumps([cache_identity(model, [site]), list(blocks.shape)], sort_keys=True).encode())
-    h.update(Path(__file__).read_bytes())
+    h = hashlib.sha256(json.dumps([cache_identity(model, [site]), list(blocks.shape), versions()], sort_keys=True,
+                                  default=str).encode())
     for name in ("cfg.json", "sae_weights.safetensors"):
         h.update(name.encode())
         h.update((Path(folder) / name).read_bytes())

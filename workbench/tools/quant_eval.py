@@ -285,13 +285,14 @@ def compare_settings(model, token_blocks: torch.Tensor, settings: Sequence[str |
 def settings_cache(cache, model, token_blocks: torch.Tensor, batch_size: int, drift_blocks: int, meter: DriftMeter):
     """The ``ItemCache`` in ``cache`` of one evaluation's finished settings, keyed by everything a row depends on:
     the model (weights, dtype, attention kernel), the tokens, the batch and drift settings, the drift meter (layers,
-    k, seed, SAE) and the workbench's code, so no row computed under other inputs is ever served."""
+    k, seed, SAE), the workbench's code and the package versions (``report.versions``, as study jobs are keyed),
+    so no row computed under other inputs is ever served."""
     from workbench.io import ItemCache
     from workbench.models.loading import cache_identity
-    from workbench.report import source_sha256
+    from workbench.report import versions
 
     return ItemCache.keyed(cache, ["quant_eval", cache_identity(model), batch_size, drift_blocks, meter.fingerprint(),
-                                   source_sha256()], token_blocks.cpu().numpy())
+                                   versions()], token_blocks.cpu().numpy())
 
 
 QUANT_COLUMNS = ("setting", "weight_bits", "act_bits", "mixes", "ppl", "ppl_window_end", "float_ppl_window_end",

@@ -146,21 +146,21 @@ def compare_attention(model, tokens: torch.Tensor, n_prefill: int, methods: Sequ
     ``auto`` uses the mean number of keys Tactic loaded (list a tactic method first).
     ``topology_layers`` / ``sae`` add the drift of the decoded positions' persistent homology and SAE
     reconstruction against full attention (``workbench.tools.drift``). ``cache``: a folder where each finished
-    method's row is kept (``workbench.io.ItemCache``, keyed by the model, the tokens, the prefill, the drift meter
-    and the code), so an interrupted evaluation resumes at its first unfinished method; full attention's decode,
-    which every row is measured against, always runs.
+    method's row is kept (``workbench.io.ItemCache``, keyed by the model, the tokens, the prefill, the drift meter,
+    the code and the package versions), so an interrupted evaluation resumes at its first unfinished method; full
+    attention's decode, which every row is measured against, always runs.
     """
     import time
 
     from workbench.io import ItemCache
     from workbench.models.loading import cache_identity
-    from workbench.report import source_sha256
+    from workbench.report import versions
     from workbench.tools.drift import DriftMeter
 
     parsed = parse_methods(methods)
     meter = DriftMeter(model, topology_layers, topology_k, sae, seed)
     kept = ItemCache.keyed(cache, ["sparse_attention", cache_identity(model), n_prefill, chunk, meter.fingerprint(),
-                                   source_sha256()], tokens.cpu().numpy())
+                                   versions()], tokens.cpu().numpy())
     pre = prefill(model, tokens[:, :n_prefill], chunk)
     reference = decode(model, tokens, n_prefill, Full(), prefilled=pre, progress=progress, record_sites=meter.sites)
     if meter.sites:
