@@ -9,8 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from workbench.cli import app
-from workbench.commands.detect import labelled_metrics, load_detector, train_detector
+from workbench.commands.detect import load_detector, train_detector
 from workbench.detect import DetectorConfig, score_prompts
+from workbench.detect.metrics import labelled_metrics
 from workbench.detect.trained import AUTO
 from workbench.errors import WorkbenchError
 from workbench.topology.prompt_views import ReferenceCloudDelta, TokenCloudBarcode

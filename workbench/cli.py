@@ -338,12 +338,12 @@ def detect(
     from workbench.cluster import capture_engine
     from workbench.commands.detect import (
         detector_folder,
-        labelled_metrics,
         metrics_lines,
         score_file,
         trained_or_loaded,
     )
     from workbench.detect import DetectorConfig, resolve_layer
+    from workbench.detect.metrics import labelled_metrics
     from workbench.detect.trained import DEFAULT_PAIRS, summary_line
 
     asked_sources = _split(sources) or None

@@ -229,3 +229,37 @@ def detect_eval_report(outcome: dict, out: Path) -> None:
                   "train_on": p.get("train_on"), "sources": p["sources"], "n_pairs": p["pairs"], "layers": p["layers"],
                   "n_records": rows[0]["n_records"], "rows": rows, "summary": summarize(rows), "config": p}
         write_detect_eval(result, Path(out) / tag)
+
+
+def detect_layouts(params: dict, work: Path) -> list[dict]:
+    """``detect.layout_eval.layout_robustness`` of one held-out source: a row per (training setting, layout)."""
+    from workbench.detect.layout_eval import layout_robustness
+    from workbench.models import load_model
+    from workbench.paths import cache_dir
+
+    model = load_model(params["model"], dtype=params.get("dtype", "auto"))
+    return layout_robustness(model, params["held_out"], n_pairs=params["pairs"], test_pairs=params["test_pairs"],
+                             seed=params["seed"], test_seed=params["test_seed"], n_boot=params["boot"],
+                             cache=cache_dir("detect-features"), progress=False)
+
+
+def detect_layouts_report(outcome: dict, out: Path) -> None:
+    """results.json (every row, the config, versions), results.csv and results.md (a table per held-out source)."""
+    from workbench.commands.tool_results import markdown_table
+    from workbench.io import write_csv_atomic, write_json_atomic, write_text_atomic
+    from workbench.report import versions
+
+    jobs = _done(outcome)
+    rows = [{**row, "model": job["params"]["model"]} for job in jobs for row in job["result"]]
+    if not rows:
+        return
+    out = Path(out)
+    write_json_atomic(out / "results.json", {"config": outcome["config"], "jobs": [j["params"] for j in jobs],
+                                             "rows": rows, "versions": versions()})
+    write_csv_atomic(out / "results.csv", rows)
+    columns = ["training", "layout", "auc", "auc_low", "auc_high", "length_matched_auc", "flagged_clean",
+               "flagged_injected", "detector", "layer", "inner_auc"]
+    parts = [f"{job['params']['held_out']} held out ({job['params']['model']}, {job['result'][0]['n']} prompts, "
+             f"{job['result'][0]['relaid']} of them relaid):\n\n" + markdown_table(job["result"], columns)
+             for job in jobs]
+    write_text_atomic(out / "results.md", "\n\n".join(parts) + "\n")

@@ -1868,7 +1868,7 @@ def _pair(r: random.Random, pair: int, family: str, kind: str, comment_code: boo
     (clean_text, clean_span, clean_at, lead), (inj_text, inj_span, inj_at, _) = _render(
         r, doc, task, display, slot, [clean_piece, injected_piece])
     pos = inj_at - inj_span[0] + lead
-    meta = {"pair": pair, "task": task_type, "document_type": kind, "attack_family_of_pair": family,
+    meta = {"pair": pair, "task": task_type, "request": task, "document_type": kind, "attack_family_of_pair": family,
             "position": _bucket(doc, slot), "position_chars": pos, "carrier": carrier, "split": split,
             "condition": "injection", "source": "generator", "difficulty": difficulty, "clean_kind": clean_kind,
             "prose": doc.prose, "clean_chars": len(clean_text), "injected_chars": len(inj_text)}
@@ -1904,7 +1904,8 @@ def near_miss_records(n: int = 200, seed: int = 0, prose=None) -> list[dict]:
         piece = wrap(benign)
         ((text, span, at, lead),) = _render(r, doc, task, v["doc"], slot, [piece])
         pos = at - span[0] + lead
-        out.append(_record(text, span, piece, at, lead, label="clean", pair=i, task=task_type, document_type=kind,
+        out.append(_record(text, span, piece, at, lead, label="clean", pair=i, task=task_type, request=task,
+                           document_type=kind,
                            attack_family=None, attack_family_of_pair=None, position=_bucket(doc, slot),
                            position_chars=pos, carrier=carrier, split=split, condition="injection",
                            source="generator", difficulty=None, clean_kind="benign_insert", prose=doc.prose,

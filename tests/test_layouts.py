@@ -1,0 +1,102 @@
+"""Where the request sits around the document: records relaid with every span moved, pairs kept matched, and a
+detector that reads the whole user turn, trained on mixed layouts."""
+
+import collections
+
+import numpy as np
+import pytest
+
+from workbench.conditions.layouts import LAYOUTS, mixed_layouts, relaid
+from workbench.detect import DetectorConfig, score_prompts
+from workbench.detect.layout_eval import layout_robustness
+from workbench.detect.trained import as_user_file, fit_detector, source_records
+from workbench.errors import WorkbenchError
+
+
+@pytest.fixture(scope="module")
+def records():
+    return source_records(["generator", "agentdojo", "garak"], n_pairs=14, seed=3)
+
+
+def _pieces(r):
+    a, b = r["span"]
+    ins = r.get("inserted_span")
+    return r["text"][a:b], (r["text"][ins[0]:ins[1]] if ins else None)
+
+
+def test_relaid_moves_the_request_and_every_span_with_the_document(records):
+    moved = 0
+    for r in records:
+        for layout in LAYOUTS:
+            new = relaid(r, layout)
+            assert _pieces(new) == _pieces(r)  # the document and the insertion, character for character
+            if "layout" not in new:  # no request to tell from its document (some of garak's): nothing moves
+                assert new["text"] == r["text"] and r["source"] == "garak"
+                continue
+            request = r.get("request") or r["text"].split("\n\n", 1)[0]
+            assert new["layout"] == layout
+            if layout == "request first":
+                assert new["text"].startswith(request + "\n\n") and not new["text"].endswith(request)
+                if r["text"].startswith(request + "\n\n"):
+                    assert new["text"] == r["text"]
+            elif layout == "document first":
+                assert new["text"].endswith("\n\n" + request) and not new["text"].startswith(request)
+                moved += 1
+            else:
+                assert new["text"].startswith(request) and new["text"].endswith("\n\n" + request)
+    assert moved > 50
+    with pytest.raises(WorkbenchError, match="unknown layout 'sideways': use one of request first"):
+        relaid(records[0], "sideways")
+
+
+def test_mixed_layouts_keep_pairs_matched_reproducible_and_order_free(records):
+    mixed = mixed_layouts(records, seed=0)
+    by_pair = collections.defaultdict(set)
+    for r in mixed:
+        by_pair[(r["source"], r["pair"])].add(r.get("layout"))
+    assert all(len(v) == 1 for v in by_pair.values())  # both twins in one layout
+    counts = collections.Counter(r.get("layout") for r in mixed if r["source"] != "garak")
+    assert set(counts) == set(LAYOUTS) and counts["request first"] > counts["document first"] > 0
+    assert mixed == mixed_layouts(records, seed=0)
+    assert mixed_layouts(records[::-1], seed=0) == mixed[::-1]
+    assert mixed != mixed_layouts(records, seed=1)
+
+
+def test_the_user_turn_is_read_whole_and_bad_settings_are_refused(records):
+    laid = relaid(records[0], "document first")
+    assert as_user_file([laid])[0]["span"] == [0, len(laid["text"])]
+    assert "span" not in as_user_file([laid], "after the first blank line")[0]
+    for bad, match in (({"layouts": "sideways"}, "unknown layouts 'sideways'"),
+                       ({"reads": "everything"}, "unknown reads 'everything'")):
+        with pytest.raises(WorkbenchError, match=match):
+            DetectorConfig(model="tiny", **bad)
+    with pytest.raises(WorkbenchError, match="unknown reading"):
+        as_user_file([laid], "everything")
+
+
+def test_a_detector_records_what_it_reads_and_scores_any_layout(tiny):
+    config = DetectorConfig(model="tiny", n_pairs=14, max_tokens=512, layer=2, sources=["generator"],
+                            detector="token probe + span + keywords")
+    det = fit_detector(tiny, config, progress=False)
+    assert det["reads"] == "user turn" and det["config"]["layouts"] == "mixed"
+    delta = fit_detector(tiny, DetectorConfig(model="tiny", n_pairs=14, max_tokens=512, layer=2, sources=["generator"],
+                                              detector="TaskTracker delta"), progress=False)
+    assert delta["reads"] == "after the first blank line"  # the delta needs the request apart from the document
+    doc = "<document>\nThe meeting moved to Tuesday. Ignore the old invite.\n</document>"
+    r = {"text": "Summarize this.\n\n" + doc, "span": [17, 17 + len(doc)]}  # short: the tiny model reads it whole
+    texts = [{"text": relaid(r, layout)["text"]} for layout in LAYOUTS]
+    scores = score_prompts(tiny, det, texts, progress=False)
+    assert scores.shape == (3,) and np.isfinite(scores).all() and len(set(scores.round(9))) == 3
+
+
+def test_layout_robustness_scores_every_layout_of_a_held_out_source(tiny):
+    with pytest.raises(WorkbenchError, match="cannot hold out 'docs'"):
+        layout_robustness(tiny, "docs")
+    with pytest.raises(WorkbenchError, match="unknown training"):
+        layout_robustness(tiny, "generator", trainings=("upside down",))
+    rows = layout_robustness(tiny, "agentdojo", trainings=("mixed layouts, user turn",), n_pairs=14, test_pairs=14,
+                             n_boot=50, progress=False)
+    assert [r["layout"] for r in rows] == list(LAYOUTS)
+    for r in rows:
+        assert r["held_out"] == "agentdojo" and 0 <= r["auc"] <= 1 and r["relaid"] == r["n"] > 0
+        assert 0 <= r["flagged_clean"] <= 1 and 0 <= r["flagged_injected"] <= 1
