@@ -1,15 +1,16 @@
 """Where the user's request sits around the document: before it, after it, or on both sides.
 
-Every source writes its user turn as request, blank line, document ("Summarize this email.\\n\\n<email>"), so a
-detector trained on them only ever saw the request first. People also paste the document first and ask after
-it, or ask, paste and repeat the request. Measured on held-out generator draws (stop 41), the detector trained on
-request-first turns fell from AUC 0.82 to 0.65 when the same turns put the request after the document, and its
-threshold flagged 24% of clean turns instead of 5%. ``relaid`` rewrites a record in another layout (the document,
-its delimiters and the insertion untouched, every character span moved with them); ``mixed_layouts`` gives each
-clean/injected pair one layout drawn from its seed, both twins the same, so pairs stay matched.
+Almost every training turn put the request first: AgentDojo's and the documentation near-misses' always,
+the generator's 85% of the time. People also paste the document first and ask after it, or ask, paste and
+repeat the request. Measured on held-out generator draws (stop 41), the detector trained that way, reading
+everything after the first blank line, fell from AUC 0.82 to 0.65 when the same turns put the request after the
+document, and its threshold flagged 24% of clean turns instead of 5%.
 
-A record whose request cannot be told from its document (no ``span``, or nothing before the first blank line
-ahead of the document, as in garak's probes) keeps its text.
+``relaid`` rewrites a record in another layout (the document, its delimiters and the insertion untouched, every
+character span moved with them); ``mixed_layouts`` gives each clean/injected pair one layout drawn from its seed,
+both twins the same, so pairs stay matched. A record whose request cannot be told from its document (no
+``span``, or no request before the first blank line ahead of the document, as in some of garak's probes) keeps
+its text.
 """
 
 from __future__ import annotations

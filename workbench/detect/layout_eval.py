@@ -13,8 +13,8 @@ import numpy as np
 from workbench.errors import WorkbenchError
 
 TRAININGS = {  # name -> DetectorConfig fields: the detector before stop 41, then each change alone and both
-    "request first, after the first blank line": {"layouts": "request first", "reads": "after the first blank line"},
-    "request first, user turn": {"layouts": "request first", "reads": "user turn"},
+    "as drawn, after the first blank line": {"layouts": "as drawn", "reads": "after the first blank line"},
+    "as drawn, user turn": {"layouts": "as drawn", "reads": "user turn"},
     "mixed layouts, user turn": {"layouts": "mixed", "reads": "user turn"},
 }
 

@@ -75,7 +75,7 @@ class DetectorConfig:
     n_pairs: int = DEFAULT_PAIRS  # matched pairs per source (per AgentDojo suite)
     max_tokens: int = 512
     seed: int = 0
-    layouts: str = "mixed"  # the training turns' layouts: "mixed" (conditions.layouts) or one of LAYOUTS
+    layouts: str = "mixed"  # the training turns' layouts: "mixed" (conditions.layouts), "as drawn", or one of LAYOUTS
     reads: str = "auto"  # what the pooled views read (READS); auto: the user turn, unless the delta is among them
 
     def __post_init__(self):
@@ -97,8 +97,8 @@ class DetectorConfig:
         if bad or not self.sources:
             raise WorkbenchError(f"unknown source {(bad or [''])[0]!r}: use {', '.join(SOURCES)}")
         self.sources = list(self.sources)
-        if self.layouts != "mixed" and self.layouts not in LAYOUTS:
-            raise WorkbenchError(f"unknown layouts {self.layouts!r}: use mixed or one of {', '.join(LAYOUTS)}")
+        if self.layouts not in ("mixed", "as drawn", *LAYOUTS):
+            raise WorkbenchError(f"unknown layouts {self.layouts!r}: use mixed, as drawn or one of {', '.join(LAYOUTS)}")
         if self.reads != "auto" and self.reads not in READS:
             raise WorkbenchError(f"unknown reads {self.reads!r}: use auto or one of {', '.join(READS)}")
 
@@ -176,6 +176,8 @@ def reads_of(views, asked: str = "auto") -> str:
 def laid_out(records: list[dict], layouts: str, seed: int) -> list[dict]:
     from workbench.conditions.layouts import mixed_layouts, relaid
 
+    if layouts == "as drawn":  # each source's own layouts (the generator puts 15% of its requests last)
+        return records
     return mixed_layouts(records, seed) if layouts == "mixed" else [relaid(r, layouts) for r in records]
 
 
