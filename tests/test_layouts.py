@@ -100,3 +100,18 @@ def test_layout_robustness_scores_every_layout_of_a_held_out_source(tiny):
     for r in rows:
         assert r["held_out"] == "agentdojo" and 0 <= r["auc"] <= 1 and r["relaid"] == r["n"] > 0
         assert 0 <= r["flagged_clean"] <= 1 and 0 <= r["flagged_injected"] <= 1
+
+
+def test_detect_eval_measures_the_deployed_reading_and_refuses_a_delta_without_a_request(tiny):
+    from workbench.commands.detect import run_detect_eval
+
+    with pytest.raises(WorkbenchError, match="the TaskTracker delta needs the request apart"):
+        run_detect_eval(tiny, reads="user turn", progress=False)
+    with pytest.raises(WorkbenchError, match="unknown reads 'all'"):
+        run_detect_eval(tiny, reads="all", progress=False)
+    got = run_detect_eval(tiny, sources=("generator", "agentdojo"), n_pairs=14, layers=[2], n_boot=20, topology=False,
+                          detectors=["span mean+max + keywords"], layouts="mixed", reads="user turn", progress=False)
+    assert (got["layouts"], got["reads"]) == ("mixed", "user turn")
+    assert {r["held_out"] for r in got["rows"]} == {"generator", "agentdojo:banking", "agentdojo:slack",
+                                                     "agentdojo:travel", "agentdojo:workspace"}
+    assert all(0 <= r["auc"] <= 1 for r in got["rows"])

@@ -405,6 +405,12 @@ def detect_eval(
     detectors: Annotated[str | None, typer.Option(
         help="comma-separated detector names to measure (default: every one; names as in the table)")] = None,
     seed: Annotated[int, typer.Option(help="seed of the prompt sets and the bootstrap")] = 0,
+    layouts: Annotated[str, typer.Option(
+        help="where each turn's request sits: 'as drawn' by each source, 'mixed' (as `detect --train` trains), "
+             "'request first', 'document first' or 'request on both sides'")] = "as drawn",
+    reads: Annotated[str, typer.Option(
+        help="what the pooled views read: 'document' (the span each source knows), 'user turn' (the whole message, "
+             "as the deployed detector) or 'after the first blank line'")] = "document",
     as_json: JsonOpt = False,
 ):
     """Leave-one-source-out (or -family-out) AUCs of every detector and baseline; everything is chosen on the
@@ -415,7 +421,7 @@ def detect_eval(
     check_output_folder(out)
     result = run_detect_eval(model, sources=tuple(_split(sources)), n_pairs=pairs, layers=_parse_layers(layers),
                              split=split, n_boot=boot, dtype=dtype, train_on=_split(train_on) or None,
-                             detectors=_split(detectors) or None, seed=seed)
+                             detectors=_split(detectors) or None, seed=seed, layouts=layouts, reads=reads)
     written = write_detect_eval(result, out) if out is not None else None
     if as_json:
         return _echo_json({"summary": result["summary"], "results": None if written is None else str(written)})

@@ -156,17 +156,20 @@ EVAL_SOURCES = SOURCES
 def run_detect_eval(model="smollm2-135m", sources=EVAL_SOURCES, n_pairs: int = 150, layers=None,
                     split: str = "source", max_tokens: int = 512, batch_size: int = 8, n_boot: int = 1000,
                     dtype: str = "float32", train_on: Sequence[str] | None = None, topology: bool = True,
-                    detectors: Sequence[str] | None = None, seed: int = 0, progress: bool = True) -> dict:
+                    detectors: Sequence[str] | None = None, seed: int = 0, layouts: str = "as drawn",
+                    reads: str = "document", progress: bool = True) -> dict:
     """Leave-one-source-out (``split="source"``) or leave-one-family-out (``"family"``, generator only) AUCs of
     every detector and baseline; features cached in the user cache by everything they depend on. ``dtype``: the
     model's; detectors are trained and scored in one dtype, which the features' cache key and the results record
     (on this 2-core CPU with AVX512-BF16, SmolLM2's forward to layer 18 ran 2.5x faster in bfloat16, and the
     detectors' AUCs moved by at most 0.005: ``results/fused/bfloat16-*`` in studies/injection_detection).
     ``topology``: also the token-cloud barcode of every document (``TokenCloudBarcode`` with its defaults).
-    ``detectors``: names of ``evaluate.DETECTORS`` to measure (None: every one)."""
+    ``detectors``: names of ``evaluate.DETECTORS`` to measure (None: every one). ``layouts``: the turns as each
+    source draws them, "mixed" or one layout for all (``DetectorConfig.layouts``); ``reads``: "document", the span
+    each source knows, or what the deployed detector reads of a user's file (``trained.READS``)."""
     from workbench.detect.evaluate import DETECTORS, evaluate, summarize
     from workbench.detect.features import TOKEN_SAMPLE, activation_features, text_features
-    from workbench.detect.trained import readable_pairs
+    from workbench.detect.trained import READS, DetectorConfig, laid_out, readable_pairs
     from workbench.models import has_chat_template, load_model
     from workbench.paths import cache_dir
     from workbench.topology.prompt_views import TokenCloudBarcode
@@ -179,8 +182,16 @@ def run_detect_eval(model="smollm2-135m", sources=EVAL_SOURCES, n_pairs: int = 1
     if unknown or (detectors is not None and not detectors):
         raise WorkbenchError(f"unknown detector {(unknown or [''])[0]!r}: use some of {', '.join(DETECTORS)}")
     chosen = {d: DETECTORS[d] for d in detectors} if detectors else None
+    DetectorConfig(layouts=layouts)  # validates the layouts
+    if reads not in ("document", *READS):
+        raise WorkbenchError(f"unknown reads {reads!r}: use document or one of {', '.join(READS)}")
+    wants_delta = any("delta" in [view for view, _ in spec[0]] for spec in (chosen or DETECTORS).values())
+    if wants_delta and reads == "user turn":
+        raise WorkbenchError("the TaskTracker delta needs the request apart from the document, which reading the "
+                             "user turn does not give: pass --detectors without the delta ones, or another --reads")
     hooked = load_model(model, dtype=dtype) if isinstance(model, str) else model
-    records, unread = readable_pairs(hooked, source_records(sources, n_pairs, seed), max_tokens,
+    drawn = laid_out(source_records(sources, n_pairs, seed), layouts, seed)
+    records, unread = readable_pairs(hooked, drawn if reads == "document" else as_user_file(drawn, reads), max_tokens,
                                      has_chat_template(hooked))
     n = hooked.cfg.n_layers
     layers = sorted(set(layers)) if layers else sorted({n // 5, (2 * n) // 5, n // 2, (3 * n) // 5, (4 * n) // 5})
@@ -189,7 +200,7 @@ def run_detect_eval(model="smollm2-135m", sources=EVAL_SOURCES, n_pairs: int = 1
     for source in dict.fromkeys(r["source"] for r in records):
         mine = [r for r in records if r["source"] == source]
         per_source[source] = activation_features(hooked, mine, layers, max_tokens=max_tokens, batch_size=batch_size,
-                                                 chat=has_chat_template(hooked), cache=cache_dir("detect-features"),
+                                                 delta=wants_delta, chat=has_chat_template(hooked), cache=cache_dir("detect-features"),
                                                  topology=TokenCloudBarcode(seed=seed) if topology else None,
                                                  tokens=TOKEN_SAMPLE if wants_tokens else None, progress=progress)
     records = [r for source in per_source for r in records if r["source"] == source]
@@ -200,8 +211,9 @@ def run_detect_eval(model="smollm2-135m", sources=EVAL_SOURCES, n_pairs: int = 1
     rows = evaluate(acts, text_features(records), layers, [r["label"] != "clean" for r in records], groups,
                     [len(r["text"]) for r in records], [bool(r.get("near_miss")) for r in records],
                     detectors=chosen, n_boot=n_boot, seed=seed, train_on=train_on, progress=progress)
-    return {"model": model_identity(hooked), "split": split, "train_on": list(train_on) if train_on else None, "sources": list(sources), "n_pairs": n_pairs,
-            "layers": layers, "n_records": len(records), "pairs_beyond_window": unread, "rows": rows, "summary": summarize(rows)}
+    return {"model": model_identity(hooked), "split": split, "train_on": list(train_on) if train_on else None,
+            "sources": list(sources), "n_pairs": n_pairs, "layouts": layouts, "reads": reads, "layers": layers,
+            "n_records": len(records), "pairs_beyond_window": unread, "rows": rows, "summary": summarize(rows)}
 
 
 def write_detect_eval(result: dict, out) -> Path:
