@@ -115,3 +115,25 @@ def test_detect_eval_measures_the_deployed_reading_and_refuses_a_delta_without_a
     assert {r["held_out"] for r in got["rows"]} == {"generator", "agentdojo:banking", "agentdojo:slack",
                                                      "agentdojo:travel", "agentdojo:workspace"}
     assert all(0 <= r["auc"] <= 1 for r in got["rows"])
+
+
+def test_a_stale_cached_detector_is_retrained_and_a_named_folder_is_refused(tiny, tmp_path):
+    import json
+
+    from workbench.commands.detect import trained_or_loaded
+    from workbench.detect.trained import FORMAT
+
+    config = DetectorConfig(model="tiny", n_pairs=14, max_tokens=512, layer=2, sources=["generator"],
+                            detector="span mean+max + keywords")
+    det, trained = trained_or_loaded(tiny, config, tmp_path, progress=False)
+    assert trained and det["format"] == FORMAT
+    path = tmp_path / "detector.json"
+    old = {k: v for k, v in det.items() if k != "reads"} | {"format": 2}  # as the workbench before stop 41 wrote it
+    path.write_text(json.dumps(old))
+    with pytest.raises(WorkbenchError, match="format 2, this workbench reads 3"):
+        trained_or_loaded(tiny, config, tmp_path, progress=False)  # a folder the user named: never overwritten
+    assert json.loads(path.read_text())["format"] == 2
+    again, trained = trained_or_loaded(tiny, config, tmp_path, progress=False, cached=True)
+    assert trained and json.loads(path.read_text())["format"] == FORMAT and again["reads"] == "user turn"
+    _, trained = trained_or_loaded(tiny, config, tmp_path, progress=False, cached=True)
+    assert not trained  # a current one is loaded, not refitted

@@ -360,7 +360,8 @@ def detect(
     asked = {"n_pairs": ("--pairs", pairs), "seed": ("--seed", seed), "sources": ("--sources", asked_sources),
              "detector": ("--detector", None if detector == "auto" else detector)}
     with capture_engine(engine, workers, address):  # the features' forwards, on Ray replicas if asked
-        trained_detector, trained = trained_or_loaded(hooked, config, folder, train=train, asked=asked)
+        trained_detector, trained = trained_or_loaded(hooked, config, folder, train=train, asked=asked,
+                                                      cached=detector_dir is None)
     result = {"detector": str(Path(folder) / "detector.json"), "trained_now": trained,
               "summary": summary_line(trained_detector)}
     if trained and not as_json:

@@ -56,12 +56,12 @@ def load_detector(path: str | Path) -> dict:
         raise WorkbenchError(f"{path} is not valid JSON (corrupt): {retrain}") from None
     if not isinstance(detector, dict):
         raise WorkbenchError(f"{path} is not a detector (not a JSON object): {retrain}")
+    if "format" in detector and detector["format"] != FORMAT:  # an older one lacks what newer formats added
+        raise WorkbenchError(f"{path} is a detector of format {detector['format']!r}, this workbench reads "
+                             f"{FORMAT}: {retrain}")
     missing = [k for k in REQUIRED if k not in detector]
     if missing:
         raise WorkbenchError(f"{path} lacks {', '.join(missing)} (older or damaged detector): {retrain}")
-    if detector["format"] != FORMAT:
-        raise WorkbenchError(f"{path} is a detector of format {detector['format']!r}, this workbench reads "
-                             f"{FORMAT}: {retrain}")
     if not isinstance(detector["config"], dict):
         raise WorkbenchError(f"{path} has no valid config: {retrain}")
     try:
@@ -86,10 +86,18 @@ def detector_folder(model, layer: int | None, detector_dir: str | Path | None = 
 
 
 def trained_or_loaded(model, config: DetectorConfig, folder: Path, train: bool = False, asked: dict | None = None,
-                      progress: bool = True) -> tuple[dict, bool]:
+                      progress: bool = True, cached: bool = False) -> tuple[dict, bool]:
     """The detector in ``folder`` (trained now when asked or absent), checked against this model and every option
-    in ``asked`` (config field -> (option, value)); returns (detector, whether it was trained now)."""
+    in ``asked`` (config field -> (option, value)); returns (detector, whether it was trained now). ``cached``: the
+    folder is the user cache's, so a detector there that this workbench cannot read (another format, a damaged
+    file) is trained again, as any stale cache entry is; a folder the user named is never overwritten unasked."""
     path = Path(folder) / "detector.json"
+    if cached and not train and path.exists():
+        try:
+            load_detector(path)
+        except WorkbenchError as exc:
+            log.warning("retraining the cached detector: %s", exc)
+            train = True
     if train or not path.exists():
         config.model = model.workbench["name"]
         return train_detector(model, config, folder, progress=progress), True
