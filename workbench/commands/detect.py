@@ -108,7 +108,7 @@ def trained_or_loaded(model, config: DetectorConfig, folder: Path, train: bool =
         log.warning("the detector in %s was trained in %s, the model now computes in %s: scores differ by rounding "
                     "(pass --dtype %s to score as it was trained)", folder, detector["model_dtype"], now,
                     detector["model_dtype"])
-    trained = detector["config"]
+    trained = {**detector["config"], "reads": detector["reads"]}  # what it reads, resolved from auto
     if config.detector == "auto" == trained.get("detector") and set(detector.get("choice") or ()) != set(AUTO):
         raise WorkbenchError(f"the detector in {folder} was chosen among {', '.join(detector.get('choice') or ())}; "
                              "this workbench's auto chooses among more: pass --train to refit it")
