@@ -301,3 +301,35 @@ def test_cli_checks_what_a_reused_detector_reads_and_refuses_an_unknown_reading(
         result = CliRunner().invoke(app, ["detect", "--model", "tiny", "--prompts", str(prompts), "--detector-dir",
                                           str(out), *args])
         assert result.exit_code != 0 and expect in result.output + str(result.exception), result.output
+
+
+def test_token_probe_tags_the_request_and_leaves_it_out_of_its_pooling():
+    """A request (role 2) that looks like an injection along the injection axis, and differs from the document
+    along another: fitted on the document's tokens, the direction ignores it, and the tagger keeps it out of the
+    scores of a prompt whose roles are unknown."""
+    from workbench.detect.pipelines import Detector
+    from workbench.detect.token_probe import TokenProbe
+
+    def rows(seed, n=120, T=16, d=8):
+        X, y = _token_rows(np.random.default_rng(seed), n, T, d)
+        X = X.reshape(n, T, d + 2)
+        X[:, :3, 0] += 3.0  # the request speaks like an injection ...
+        X[:, :3, 1] += 4.0  # ... from where a request stands
+        X[:, :3, d + 1] = 2.0
+        return X.reshape(n, -1), y
+
+    X, y = rows(0)
+    probe = TokenProbe(tokens=16, top=2).fit(X, y)
+    assert abs(probe.direction_[0]) > 0.9 and abs(probe.direction_[1]) < 0.3
+    Xt, yt = rows(1)
+    blind = Xt.reshape(120, 16, -1).copy()
+    blind[..., -1] = 0.0  # a user's file: no roles
+    tagged = probe.request_tokens(blind.reshape(120, -1))
+    assert tagged[:, :3].mean() > 0.95 and tagged[:, 3:].mean() < 0.05
+    det = Detector("t", [("doc_tokens", 0)], settings={"C": 1.0, "tokens": {"tokens": 16, "top": 2}}).fit(X, y)
+    from workbench.detect.metrics import auc
+    assert auc(yt, det.predict_proba(blind.reshape(120, -1))) > 0.95
+    again = Detector.from_dict(json.loads(json.dumps(det.to_dict())))
+    np.testing.assert_allclose(det.predict_proba(Xt), again.predict_proba(Xt), atol=1e-12)
+    untagged = TokenProbe(tokens=16, top=2).fit(*_token_rows(np.random.default_rng(0), 80))  # no request seen
+    assert not untagged.request_tokens(X).any()

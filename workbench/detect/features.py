@@ -7,8 +7,8 @@ last-token activation of the whole prompt minus that of the same prompt with the
 task alone), which asks "did reading the document change what the model is about to do?"; and, with
 ``topology``, ``doc_topology``: the ``TokenCloudBarcode`` of the document's token cloud at each layer (the
 clouds exist only during the pass; their size-invariant barcode features are what is kept); and, with
-``tokens``, ``doc_tokens``: that many evenly spaced document tokens per prompt with their inserted flags, which the
-injected-token probe (``token_probe``) reads.
+``tokens``, ``doc_tokens``: that many evenly spaced document tokens per prompt with their role (0 document, 1
+inserted, 2 outside the known document), which the injected-token probe (``token_probe``) reads.
 
 The document is the record's ``span``; a record without one (a user's plain text) gets the heuristic
 ``document_span``: everything after the first blank line, else the whole text. Arrays are float32,
@@ -170,12 +170,19 @@ def _inserted_at(record: dict, shown: dict) -> tuple[int, int] | None:
 
 
 def _inserted_masks(records, shown, offsets) -> list[np.ndarray]:
-    """Per record, which of its read tokens overlap its ``inserted_span`` (none for a record without one)."""
+    """Per record, the role of each read token: 1 where it overlaps its ``inserted_span``, 2 where it lies outside
+    its ``known_span`` (the document a source knows, kept when the detector reads the whole user turn: the
+    request and delimiters around it), else 0."""
     masks = []
     for r, s, offs in zip(records, shown, offsets, strict=True):
-        at, mask = _inserted_at(r, s), np.zeros(len(offs), dtype=bool)
+        at, mask = _inserted_at(r, s), np.zeros(len(offs), dtype=np.float32)
+        known = r.get("known_span")
+        if known:
+            shift = s["span"][0] - document_span(r)[0]  # the chat template's text before the user turn
+            lo, hi = int(known[0]) + shift, int(known[1]) + shift
+            mask[:] = [2.0 if b > a and (b <= lo or a >= hi) else 0.0 for a, b in offs]
         if at is not None:
-            mask[:] = [b > a and a < at[1] and b > at[0] for a, b in offs]
+            mask[[b > a and a < at[1] and b > at[0] for a, b in offs]] = 1.0
         masks.append(mask)
     return masks
 

@@ -22,7 +22,7 @@ _FITTED = {  # the fitted attributes that make each allowed step usable after lo
             "n_components_", "n_features_in_", "n_samples_", "noise_variance_"),
     "LogisticRegression": ("coef_", "intercept_", "classes_", "n_features_in_", "n_iter_"),
     "ReferenceCloudDelta": ("reference_", "base_", "n_features_in_"),
-    "TokenProbe": ("mean_", "scale_", "direction_", "n_features_in_"),
+    "TokenProbe": ("mean_", "scale_", "direction_", "request_coef_", "request_intercept_", "n_features_in_"),
     "LogitMean": ("center_", "scale_", "classes_", "n_features_in_"),  # and members_, written as nested steps
 }
 

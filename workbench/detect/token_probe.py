@@ -10,9 +10,17 @@ it: the maximum, the mean of the ``top`` highest, and the mean. Benign insertion
 so imperatives that belong to the document are what the direction learns to tell apart.
 
 Input rows are the ``doc_tokens`` view (``features.activation_features(tokens=...)``): ``tokens`` document tokens per prompt,
-each its activation (``width`` numbers) followed by two flags, valid and inserted. The inserted flag is read
-only in ``fit`` and only where the row is labelled injected; ``transform`` reads activations and validity, so
-a user's prompt (no flags) is scored as a training prompt is.
+each its activation (``width`` numbers) followed by two flags, valid and role (0 document, 1 inserted, 2 outside
+the document the source knows). The role is read only in ``fit`` (inserted only where the row is labelled
+injected); ``transform`` reads activations and validity, so a user's prompt (no roles) is scored as a training
+prompt is.
+
+When the detector reads the whole user turn, the request (role 2) is read too, and a request and an injection
+are both instructions to the assistant. The direction is then fitted on the document's tokens alone, as when
+the document's bounds were known, and a request tagger (a logistic regression on the same standardized
+activations, request tokens against document tokens, the injected ones among them) learns which tokens are the
+user's request; ``transform`` leaves the tokens it tags out of the pooling, so the features need no blank-line
+heuristic to find the document.
 """
 
 from __future__ import annotations
@@ -34,15 +42,17 @@ class TokenProbe(TransformerMixin, BaseEstimator):
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2 or X.shape[1] % self.tokens or X.shape[1] // self.tokens < 3:
             raise WorkbenchError(f"token probe input of shape {X.shape} is not {self.tokens} tokens of "
-                                 "(activation, valid, inserted) per row: compute the doc_tokens view")
+                                 "(activation, valid, role) per row: compute the doc_tokens view")
         T = X.reshape(len(X), self.tokens, -1)
-        return T[..., :-2], T[..., -2] > 0.5, T[..., -1] > 0.5
+        return T[..., :-2], T[..., -2] > 0.5, T[..., -1]
 
     def fit(self, X, y):
-        acts, valid, inserted = self._split(X)
+        acts, valid, role = self._split(X)
         y = np.asarray(y).astype(bool)
-        positive = valid & inserted & y[:, None]
-        negative = valid & ~positive
+        outside = valid & (role > 1.5)  # the request and delimiters around a known document
+        positive = valid & (role > 0.5) & (role < 1.5) & y[:, None]
+        document = valid & ~outside
+        negative = document & ~positive
         if not positive.any() or not negative.any():
             raise WorkbenchError("the token probe needs injected rows whose inserted tokens it can see "
                                  "(an 'inserted_span' on the training records) and document tokens besides")
@@ -51,18 +61,40 @@ class TokenProbe(TransformerMixin, BaseEstimator):
         # ((pos - mean) / scale).mean(0) - ((neg - mean) / scale).mean(0) is (pos.mean(0) - neg.mean(0)) / scale.
         total, pos_sum = np.zeros(acts.shape[-1]), np.zeros(acts.shape[-1])
         for rows in _chunks(len(acts)):
-            total += acts[rows][valid[rows]].sum(0)
+            total += acts[rows][document[rows]].sum(0)
             pos_sum += acts[rows][positive[rows]].sum(0)
-        n, n_pos = int(valid.sum()), int(positive.sum())
+        n, n_pos = int(document.sum()), int(positive.sum())
         self.mean_ = total / n
         squares = np.zeros(acts.shape[-1])
         for rows in _chunks(len(acts)):
-            squares += ((acts[rows][valid[rows]] - self.mean_) ** 2).sum(0)
+            squares += ((acts[rows][document[rows]] - self.mean_) ** 2).sum(0)
         self.scale_ = np.sqrt(squares / n) + 1e-6
         direction = (pos_sum / n_pos - (total - pos_sum) / (n - n_pos)) / self.scale_
         self.direction_ = direction / (np.linalg.norm(direction) + 1e-12)
+        self.request_coef_, self.request_intercept_ = self._fit_tagger(acts, document, outside)
         self.n_features_in_ = X.shape[1] if hasattr(X, "shape") else np.asarray(X).shape[1]
         return self
+
+    def _fit_tagger(self, acts, document, outside, most: int = 4000) -> tuple[np.ndarray, float]:
+        """Request-token tagger on standardized activations (no request tokens seen: it tags none)."""
+        if outside.sum() < 10:
+            return np.zeros(acts.shape[-1]), -50.0
+        from sklearn.linear_model import LogisticRegression
+
+        tokens = acts[document | outside]
+        is_request = outside[document | outside]
+        keep = np.unique(np.linspace(0, len(tokens) - 1, min(most, len(tokens))).round().astype(int))  # spread
+        Z = (tokens[keep] - self.mean_) / self.scale_
+        fit = LogisticRegression(C=0.1, class_weight="balanced", max_iter=500).fit(Z, is_request[keep])
+        return fit.coef_[0] / self.scale_, float(fit.intercept_[0] - (self.mean_ / self.scale_) @ fit.coef_[0])
+
+    def request_tokens(self, X) -> np.ndarray:
+        """Which sampled tokens the tagger takes for the user's request (none when it saw no request)."""
+        acts, valid, _ = self._split(X)
+        coef = getattr(self, "request_coef_", None)
+        if coef is None:  # fitted before the tagger existed
+            return np.zeros(valid.shape, dtype=bool)
+        return valid & (acts @ np.asarray(coef) + float(self.request_intercept_) > 0)
 
     def token_scores(self, X) -> tuple[np.ndarray, np.ndarray]:
         """Each sampled token's score along the direction, and which tokens are real (not padding)."""
@@ -72,6 +104,8 @@ class TokenProbe(TransformerMixin, BaseEstimator):
 
     def transform(self, X):
         scores, valid = self.token_scores(X)
+        document = valid & ~self.request_tokens(X)
+        valid = np.where(document.any(1, keepdims=True), document, valid)  # all tagged request: read them all
         ranked = np.sort(np.where(valid, scores, -np.inf), axis=1)[:, ::-1]
         n = valid.sum(1)
         k = np.minimum(self.top, np.maximum(n, 1))

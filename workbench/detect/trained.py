@@ -162,7 +162,12 @@ def as_user_file(records: list[dict], reads: str = "user turn") -> list[dict]:
     if reads not in READS:
         raise WorkbenchError(f"unknown reading {reads!r}: use one of {', '.join(READS)}")
     bare = [{k: v for k, v in r.items() if k != "span"} for r in records]
-    return [{**r, "span": [0, len(r["text"])]} for r in bare] if reads == "user turn" else bare
+    if reads != "user turn":
+        return bare
+    # the whole turn is read; a source's known document stays as ``known_span``, which only training reads (the
+    # token probe learns there which tokens are the request, to leave them out of its pooling)
+    return [{**b, "span": [0, len(b["text"])], **({"known_span": list(r["span"])} if r.get("span") else {})}
+            for r, b in zip(records, bare, strict=True)]
 
 
 def reads_of(views, asked: str = "auto") -> str:
