@@ -92,16 +92,17 @@ def trained_or_loaded(model, config: DetectorConfig, folder: Path, train: bool =
     folder is the user cache's, so a detector there that this workbench cannot read (another format, a damaged
     file) is trained again, as any stale cache entry is; a folder the user named is never overwritten unasked."""
     path = Path(folder) / "detector.json"
-    if cached and not train and path.exists():
+    detector = None
+    if not train and path.exists():
         try:
-            load_detector(path)
+            detector = load_detector(path)
         except WorkbenchError as exc:
+            if not cached:
+                raise
             log.warning("retraining the cached detector: %s", exc)
-            train = True
-    if train or not path.exists():
+    if detector is None:
         config.model = model.workbench["name"]
         return train_detector(model, config, folder, progress=progress), True
-    detector = load_detector(path)
     check_detector(model, detector, config.layer)
     now = model_identity(model)["model_dtype"]
     if detector.get("model_dtype") not in (None, now):  # rounding only: bfloat16 moved AUCs by <= 0.005
@@ -177,7 +178,7 @@ def run_detect_eval(model="smollm2-135m", sources=EVAL_SOURCES, n_pairs: int = 1
     each source knows, or what the deployed detector reads of a user's file (``trained.READS``)."""
     from workbench.detect.evaluate import DETECTORS, evaluate, summarize
     from workbench.detect.features import TOKEN_SAMPLE, activation_features, text_features
-    from workbench.detect.trained import READS, DetectorConfig, laid_out, readable_pairs
+    from workbench.detect.trained import READS, check_layouts, laid_out, readable_pairs
     from workbench.models import has_chat_template, load_model
     from workbench.paths import cache_dir
     from workbench.topology.prompt_views import TokenCloudBarcode
@@ -190,7 +191,7 @@ def run_detect_eval(model="smollm2-135m", sources=EVAL_SOURCES, n_pairs: int = 1
     if unknown or (detectors is not None and not detectors):
         raise WorkbenchError(f"unknown detector {(unknown or [''])[0]!r}: use some of {', '.join(DETECTORS)}")
     chosen = {d: DETECTORS[d] for d in detectors} if detectors else None
-    DetectorConfig(layouts=layouts)  # validates the layouts
+    check_layouts(layouts)
     if reads not in ("document", *READS):
         raise WorkbenchError(f"unknown reads {reads!r}: use document or one of {', '.join(READS)}")
     wants_delta = any("delta" in [view for view, _ in spec[0]] for spec in (chosen or DETECTORS).values())

@@ -165,6 +165,11 @@ def _inserted_at(record: dict, shown: dict) -> tuple[int, int] | None:
     at = record.get("inserted_span")
     if not at or at[1] <= at[0]:
         return None
+    return _in_shown(record, shown, at)
+
+
+def _in_shown(record: dict, shown: dict, at) -> tuple[int, int]:
+    """A character range of ``record["text"]`` in the text the model reads (after the chat template's opening)."""
     shift = shown["span"][0] - document_span(record)[0]  # the chat template's text before the user turn
     return int(at[0]) + shift, int(at[1]) + shift
 
@@ -176,10 +181,8 @@ def _inserted_masks(records, shown, offsets) -> list[np.ndarray]:
     masks = []
     for r, s, offs in zip(records, shown, offsets, strict=True):
         at, mask = _inserted_at(r, s), np.zeros(len(offs), dtype=np.float32)
-        known = r.get("known_span")
-        if known:
-            shift = s["span"][0] - document_span(r)[0]  # the chat template's text before the user turn
-            lo, hi = int(known[0]) + shift, int(known[1]) + shift
+        if r.get("known_span"):
+            lo, hi = _in_shown(r, s, r["known_span"])
             mask[:] = [2.0 if b > a and (b <= lo or a >= hi) else 0.0 for a, b in offs]
         if at is not None:
             mask[[b > a and a < at[1] and b > at[0] for a, b in offs]] = 1.0

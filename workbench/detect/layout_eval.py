@@ -1,14 +1,12 @@
 """Does a deployed detector hold when the request moves around the document, on a source it never saw?
 
-Every source writes the request first, so a detector can come to rely on where the document starts. This
+Almost every training turn asks first, so a detector can come to rely on where the document starts. This
 evaluation trains the deployed detector (``fit_detector``, the same inner leave-one-source-out choices) under
 several training settings, leaving one source out, and scores that source's pairs in every layout of
 ``conditions.layouts``: the AUC, the length-matched AUC, and what the detector's own threshold flags of each class.
 """
 
 from __future__ import annotations
-
-import numpy as np
 
 from workbench.errors import WorkbenchError
 
@@ -45,7 +43,8 @@ def layout_robustness(model, held_out: str, trainings=tuple(TRAININGS), n_pairs:
         raise WorkbenchError(f"unknown training {(unknown or [''])[0]!r}: use some of {'; '.join(TRAININGS)}")
     train_sources = [s for s in SOURCES if s != held_out]
     chat = bool(has_chat_template(model))
-    tests, _ = readable_pairs(model, source_records([held_out], test_pairs, test_seed), 512, chat)
+    tests, _ = readable_pairs(model, source_records([held_out], test_pairs, test_seed),
+                              DetectorConfig.max_tokens, chat)
     rows = []
     for name in trainings:
         config = DetectorConfig(model=model.workbench["name"], sources=train_sources, n_pairs=n_pairs, seed=seed,
@@ -61,5 +60,5 @@ def layout_robustness(model, held_out: str, trainings=tuple(TRAININGS), n_pairs:
             rows.append({"held_out": held_out, "training": name, "layout": layout, **got,
                          "detector": detector["pipeline"]["name"], "layer": detector["layer"],
                          "inner_auc": detector["inner_auc"], "threshold": detector["threshold"],
-                         "relaid": int(np.sum([r.get("layout") == layout for r in laid]))})
+                         "relaid": sum(r.get("layout") == layout for r in laid)})
     return rows

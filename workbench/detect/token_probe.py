@@ -91,20 +91,24 @@ class TokenProbe(TransformerMixin, BaseEstimator):
     def request_tokens(self, X) -> np.ndarray:
         """Which sampled tokens the tagger takes for the user's request (none when it saw no request)."""
         acts, valid, _ = self._split(X)
-        coef = getattr(self, "request_coef_", None)
-        if coef is None:  # fitted before the tagger existed
-            return np.zeros(valid.shape, dtype=bool)
-        return valid & (acts @ np.asarray(coef) + float(self.request_intercept_) > 0)
+        return self._tagged(acts, valid)
+
+    def _tagged(self, acts, valid) -> np.ndarray:
+        return valid & (acts @ np.asarray(self.request_coef_) + float(self.request_intercept_) > 0)
 
     def token_scores(self, X) -> tuple[np.ndarray, np.ndarray]:
         """Each sampled token's score along the direction, and which tokens are real (not padding)."""
         acts, valid, _ = self._split(X)
+        return self._along(acts), valid
+
+    def _along(self, acts) -> np.ndarray:
         weights = self.direction_ / self.scale_  # ((acts - mean) / scale) @ direction without the standardized copy
-        return acts @ weights - self.mean_ @ weights, valid
+        return acts @ weights - self.mean_ @ weights
 
     def transform(self, X):
-        scores, valid = self.token_scores(X)
-        document = valid & ~self.request_tokens(X)
+        acts, valid, _ = self._split(X)
+        scores = self._along(acts)
+        document = valid & ~self._tagged(acts, valid)
         valid = np.where(document.any(1, keepdims=True), document, valid)  # all tagged request: read them all
         ranked = np.sort(np.where(valid, scores, -np.inf), axis=1)[:, ::-1]
         n = valid.sum(1)

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from workbench.conditions.layouts import LAYOUTS
+from workbench.conditions.layouts import LAYOUTS, mixed_layouts, relaid
 from workbench.errors import WorkbenchError
 from workbench.models.loading import model_identity
 
@@ -97,8 +97,7 @@ class DetectorConfig:
         if bad or not self.sources:
             raise WorkbenchError(f"unknown source {(bad or [''])[0]!r}: use {', '.join(SOURCES)}")
         self.sources = list(self.sources)
-        if self.layouts not in ("mixed", "as drawn", *LAYOUTS):
-            raise WorkbenchError(f"unknown layouts {self.layouts!r}: use mixed, as drawn or one of {', '.join(LAYOUTS)}")
+        check_layouts(self.layouts)
         if self.reads != "auto" and self.reads not in READS:
             raise WorkbenchError(f"unknown reads {self.reads!r}: use auto or one of {', '.join(READS)}")
 
@@ -178,9 +177,13 @@ def reads_of(views, asked: str = "auto") -> str:
     return "after the first blank line" if "delta" in set(views) else "user turn"
 
 
-def laid_out(records: list[dict], layouts: str, seed: int) -> list[dict]:
-    from workbench.conditions.layouts import mixed_layouts, relaid
+def check_layouts(layouts: str) -> None:
+    """``layouts`` is mixed, as drawn or one of ``LAYOUTS``, or a one-line error."""
+    if layouts not in ("mixed", "as drawn", *LAYOUTS):
+        raise WorkbenchError(f"unknown layouts {layouts!r}: use mixed, as drawn or one of {', '.join(LAYOUTS)}")
 
+
+def laid_out(records: list[dict], layouts: str, seed: int) -> list[dict]:
     if layouts == "as drawn":  # each source's own layouts (the generator puts 15% of its requests last)
         return records
     return mixed_layouts(records, seed) if layouts == "mixed" else [relaid(r, layouts) for r in records]
