@@ -69,6 +69,36 @@ def test_default_folders_are_keyed_by_settings(tmp_path, monkeypatch):
     assert len(runs) == 2 and all(r.startswith("probe-tiny-quick-") for r in runs)
 
 
+def test_default_folder_follows_the_prompt_generator(tmp_path, monkeypatch):
+    """Stop 41's returning user: the generator's records gained a field, and `make probe` (no --out) met the
+    earlier run in its default folder and refused it. The default folder is keyed by the prompts drawn, so a
+    changed generator gets a folder of its own and both runs succeed; the settings alone still resume."""
+    from workbench.probe import run as probe_run
+
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))
+    base = ["probe", "--model", "tiny", "--quick", "--pairs", "20", "--layers", "1", "--condition", "injection"]
+    code, _, err = run_cli(base)
+    assert code == 0, err
+    real = probe_run.get_condition
+
+    class Annotated:  # the same texts and labels, one more metadata field per record
+        def __init__(self, name):
+            self.inner = real(name)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def prompts(self, model, n_pairs, seed=0):
+            return [{**r, "request": "summarize"} for r in self.inner.prompts(model, n_pairs, seed=seed)]
+
+    monkeypatch.setattr(probe_run, "get_condition", Annotated)
+    for _ in range(2):  # the second run resumes the first's folder
+        code, _, err = run_cli(base)
+        assert code == 0, err
+    runs = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    assert len(runs) == 2 and all(r.startswith("probe-tiny-quick-") for r in runs)
+
+
 @pytest.mark.parametrize(("extra", "expect"), [
     (["--pairs", "0"], "--pairs must be a positive integer"),
     (["--pairs", "-4"], "--pairs must be a positive integer"),

@@ -252,10 +252,8 @@ def probe(
     """Clean vs adversarial activations, layer by layer: persistent homology, statistics, probes, report."""
     from dataclasses import replace
 
-    from workbench.capture import resid_sites
-    from workbench.commands.probe import check_run_folder, run_probe
+    from workbench.commands.probe import check_run_folder, default_run_folder, probe_prompts, run_probe
     from workbench.conditions import CONDITIONS
-    from workbench.models import model_identity
     from workbench.paths import cache_dir, model_folder_name
     from workbench.probe import ProbeConfig
     from workbench.probe.figures import summary_table
@@ -278,10 +276,12 @@ def probe(
         n = hooked.cfg.n_layers
         chosen = sorted({round(i * (n - 1) / 5) for i in range(6)})
     config = replace(config, model=hooked.workbench["name"], layers=chosen)
-    if out is None:  # one folder per configuration, so a default run never meets another's results
-        key = config.key(model_identity(hooked, resid_sites(hooked, chosen)))
-        out = cache_dir("runs") / f"probe-{model_folder_name(hooked.workbench['name'])}{'-quick' if quick else ''}-{key}"
-    report = run_probe(hooked, config, out, overwrite=overwrite, engine=engine, workers=workers, address=address)
+    prompts = probe_prompts(hooked, config)
+    if out is None:  # one folder per configuration and prompts drawn, so a default run never meets another's results
+        out = default_run_folder(hooked, config, cache_dir("runs"), prompts,
+                                 f"probe-{model_folder_name(hooked.workbench['name'])}{'-quick' if quick else ''}")
+    report = run_probe(hooked, config, out, overwrite=overwrite, engine=engine, workers=workers, address=address,
+                       prompts=prompts)
     if as_json:
         return _echo_json({"report": str(Path(out) / "report.json"), "html": str(Path(out) / "report.html"),
                            "summary": summary_table(report)})

@@ -24,7 +24,8 @@ RUN_FILES = ("config.json", "report.json", "report.html", "stores", "layers")  #
 
 
 def run_probe(model, config: ProbeConfig, out: str | Path, progress: bool = True, overwrite: bool = False,
-              engine: str = "local", workers: int | None = None, address: str | None = None) -> ProbeReport:
+              engine: str = "local", workers: int | None = None, address: str | None = None,
+              prompts: dict[str, list[dict]] | None = None) -> ProbeReport:
     """Capture, analyze and report every condition; returns the report (also in ``out/report.json``).
 
     ``engine``, ``workers``, ``address``: where the captures run (``capture``'s options; the stores, and so the
@@ -32,7 +33,8 @@ def run_probe(model, config: ProbeConfig, out: str | Path, progress: bool = True
 
     ``out`` holds one run: the same configuration resumes it, another one is refused unless
     ``overwrite`` (which then replaces the probe's own files there and nothing else). Everything is
-    checked before the first file is written, so a refused run leaves ``out`` as it was.
+    checked before the first file is written, so a refused run leaves ``out`` as it was. ``prompts``: the
+    conditions' records as ``probe_prompts`` drew them (None: drawn here).
     """
     from workbench.capture import capture, replica_spec, resid_sites
     from workbench.io import write_jsonl
@@ -43,14 +45,7 @@ def run_probe(model, config: ProbeConfig, out: str | Path, progress: bool = True
     config.check_protocol()
     replica_spec(model, engine, workers, 0, out / "stores", address)  # a refused engine writes nothing
     sites = resid_sites(model, config.layers)
-    prompts = {condition: condition_prompts(model, condition, config) for condition in config.conditions}
-    for condition, records in prompts.items():  # repeats are dropped: the distinct prompts must still suffice
-        counts = Counter(r.get("label") for r in records)
-        label, smaller = min(counts.items(), key=lambda kv: kv[1])
-        if len(counts) < 2 or smaller // config.n_parts < MIN_POINTS:
-            raise WorkbenchError(f"{condition} has {smaller} distinct {label!r} prompts: the subsample protocol needs "
-                                 f"{MIN_POINTS} per part over {config.n_parts} parts; ask for more --pairs or fewer "
-                                 "parts")
+    prompts = probe_prompts(model, config) if prompts is None else prompts
     if check_run_folder(out, config, overwrite) or check_run_prompts(out, prompts, overwrite):
         # another run's files, replaced (only with ``overwrite``)
         for name in RUN_FILES:
@@ -80,6 +75,28 @@ def run_probe(model, config: ProbeConfig, out: str | Path, progress: bool = True
     write_json_atomic(out / "report.json", report.to_dict())
     write_probe_html(report, out / "report.html")
     return report
+
+
+def probe_prompts(model, config: ProbeConfig) -> dict[str, list[dict]]:
+    """Each condition's distinct prompts, or a one-line error when too few remain for the subsample protocol."""
+    prompts = {condition: condition_prompts(model, condition, config) for condition in config.conditions}
+    for condition, records in prompts.items():  # repeats are dropped: the distinct prompts must still suffice
+        counts = Counter(r.get("label") for r in records)
+        label, smaller = min(counts.items(), key=lambda kv: kv[1])
+        if len(counts) < 2 or smaller // config.n_parts < MIN_POINTS:
+            raise WorkbenchError(f"{condition} has {smaller} distinct {label!r} prompts: the subsample protocol needs "
+                                 f"{MIN_POINTS} per part over {config.n_parts} parts; ask for more --pairs or fewer "
+                                 "parts")
+    return prompts
+
+
+def default_run_folder(model, config: ProbeConfig, root: Path, prompts: dict[str, list[dict]], name: str) -> Path:
+    """``root/name-KEY``, KEY a hash of the settings, the model and the prompts drawn: a default run never meets
+    another's results, nor a run of prompts a former generator drew (which a named ``--out`` refuses instead)."""
+    from workbench.capture import resid_sites
+    from workbench.models import model_identity
+
+    return Path(root) / f"{name}-{config.key(model_identity(model, resid_sites(model, config.layers)), prompts)}"
 
 
 def check_run_prompts(out: Path, prompts: dict[str, list[dict]], overwrite: bool = False) -> bool:

@@ -12,9 +12,8 @@ from workbench.topology.signature import SIGNATURE_FEATURES
 
 def probe(params: dict, work: Path) -> list[dict]:
     """One probe (model x condition); rows per layer with the signature features (see ``probe.figures.report_rows``)."""
-    from workbench.capture import resid_sites
-    from workbench.commands.probe import run_probe
-    from workbench.models import load_model, model_identity
+    from workbench.commands.probe import default_run_folder, probe_prompts, run_probe
+    from workbench.models import load_model
     from workbench.probe import ProbeConfig
     from workbench.probe.figures import report_rows
 
@@ -25,8 +24,9 @@ def probe(params: dict, work: Path) -> list[dict]:
     if "flow_gaps" in params:
         params["flow_gaps"] = tuple(params["flow_gaps"])
     config = ProbeConfig(model=name, conditions=(condition,), layers=layers, **params)
-    key = config.key(model_identity(model, resid_sites(model, layers)))  # one folder per configuration: never another's layers
-    report = run_probe(model, config, Path(work) / f"probe-{name}-{condition}-seed{config.seed}-{key}")
+    prompts = probe_prompts(model, config)  # one folder per configuration and prompts: never another's layers
+    folder = default_run_folder(model, config, Path(work), prompts, f"probe-{name}-{condition}-seed{config.seed}")
+    report = run_probe(model, config, folder, prompts=prompts)
     return report_rows(report)
 
 

@@ -61,16 +61,22 @@ class ProbeConfig:
                 f"part over {self.n_parts} parts, i.e. --pairs {MIN_POINTS * self.n_parts} or more"
             )
 
-    def key(self, model_identity: dict | None = None) -> str:
+    def key(self, model_identity: dict | None = None, prompts: dict[str, list[dict]] | None = None) -> str:
         """A short hash of everything that changes this run's results: the settings and the model's identity
         (``models.model_identity``: weights, compute dtype, attention kernel) and, when a condition's prompts draw
-        on it, the text corpus; batch size does not (batching is exact)."""
+        on it, the text corpus; batch size does not (batching is exact). ``prompts`` (each condition's records, as
+        drawn): their content too, so a default run folder follows the prompt generator when it changes."""
         from workbench.data.corpus import text_fingerprint
 
         fields = {k: v for k, v in asdict(self).items() if k != "batch_size"}
         corpus = text_fingerprint() if any(CONDITIONS[c].reads_corpus for c in self.conditions) else None
-        blob = json.dumps([fields, model_identity, LAYER_PROTOCOL, *([corpus] if corpus else [])], sort_keys=True,
-                          default=str)
+        drawn = None
+        if prompts is not None:
+            from workbench.capture import prompts_sha256
+
+            drawn = {condition: prompts_sha256(records) for condition, records in sorted(prompts.items())}
+        blob = json.dumps([fields, model_identity, LAYER_PROTOCOL, *([corpus] if corpus else []),
+                           *([drawn] if drawn else [])], sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     @classmethod
