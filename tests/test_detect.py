@@ -51,7 +51,9 @@ def test_scores_are_probabilities_reproducible_and_survive_the_json(tiny, detect
 
 
 @pytest.mark.parametrize("name, views", [("token-cloud barcode", ["doc_topology"]),
-                                         ("token probe + span + keywords", ["doc_max", "doc_mean", "doc_tokens", "text"])])
+                                         ("token probe + span + keywords", ["doc_max", "doc_mean", "doc_tokens", "text"]),
+                                         ("token probe + span + keywords (three-way)",
+                                          ["doc_max", "doc_mean", "doc_tokens", "text"])])
 def test_a_fixed_detector_and_layer_are_honoured(tiny, tmp_path, name, views):
     det = train_detector(tiny, DetectorConfig(model="tiny", n_pairs=14, max_tokens=512, layer=2, sources=["generator"],
                                               detector=name), tmp_path, progress=False)

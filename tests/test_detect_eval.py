@@ -231,6 +231,25 @@ def test_the_threshold_is_read_from_out_of_fold_scores_so_it_holds_on_unseen_gro
     assert metrics.false_positive_rate(unseen_clean, out_of_fold) < 0.2
 
 
+def test_the_threshold_also_holds_the_near_misses_to_five_percent():
+    """Near-misses score above the other clean rows: pooled, they are a few among many and the 5% quantile of all
+    clean rows flags most of them; the threshold takes their own quantile too, and ignores too few of them."""
+    from workbench.detect.evaluate import MIN_NEAR_MISSES, held_out_threshold
+
+    rng = np.random.default_rng(0)
+    y = np.r_[np.zeros(500, int), np.ones(200, int)]
+    oof = np.r_[rng.normal(0.0, 1, 460), rng.normal(2.0, 1, 40), rng.normal(3.0, 1, 200)]
+    near = np.r_[np.zeros(460, bool), np.ones(40, bool), np.zeros(200, bool)]
+    pick = {"oof": oof}
+    pooled = held_out_threshold(pick, y, oof)
+    assert metrics.false_positive_rate(oof[near], pooled) > 0.3
+    guarded = held_out_threshold(pick, y, oof, near)
+    assert metrics.false_positive_rate(oof[near], guarded) <= 0.05
+    assert metrics.false_positive_rate(oof[(y == 0) & ~near], guarded) <= 0.05
+    few = near & (np.cumsum(near) < MIN_NEAR_MISSES)
+    assert held_out_threshold(pick, y, oof, few) == pooled
+
+
 def test_training_on_the_documentation_near_misses_alone_is_refused_in_one_line(tiny, monkeypatch):
     """docs is clean only: a detector trained on it alone would have no injected row."""
     from tests.test_conditions import _doc

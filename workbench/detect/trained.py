@@ -4,7 +4,8 @@ Training draws matched clean/injected pairs from every source (the generator, ea
 the per-prompt features of ``features`` at the candidate layers, and lets the inner leave-one-source-out of
 ``evaluate.choose`` pick the layer and C of each candidate detector; with ``detector="auto"`` the candidate with
 the best inner AUC wins. The pipeline is refitted on every training row, and its threshold is the score that
-flags 5% of the training clean rows as the inner folds scored them (each by a fit that had not seen its source). The result is one JSON object (the pipeline as ``Detector.to_dict``, the
+flags 5% of the training clean rows, and 5% of the benign near-misses among them, as the inner folds scored them
+(each by a fit that had not seen its source). The result is one JSON object (the pipeline as ``Detector.to_dict``, the
 model it belongs to, the settings its features need), so loading it runs no code.
 
 The detector reads a prompt the way a user's prompt file gives it, never a span only the sources know, so
@@ -51,7 +52,10 @@ SOURCES = ("generator", "agentdojo", "garak", "docs")
 # results/fused), never won the inner choice, and the delta needed a second forward pass per prompt (the task
 # without its document). Dropping them took fresh-cache training from 372 s to 338 s (bench_detect; budget 180 s).
 # They stay in `workbench detect eval` and by name (--detector NAME).
-AUTO = ("document span mean+max", "span mean+max + keywords", "token probe + span + keywords")
+# The three-way fusion (token probe, span, keywords: each its own member) took the two-way one's place in stop 42:
+# reading the whole user turn it held 0.904 leaving one source out on two draws, against 0.890 and 0.887
+# (garak 0.80 -> 0.87; results/fused/deployed-reading-three-way-150pairs). The two-way one stays by name.
+AUTO = ("document span mean+max", "span mean+max + keywords", "token probe + span + keywords (three-way)")
 # What the pooled views of a user's prompt read. "user turn": the whole message, so the request may stand before,
 # after or around the document; "after the first blank line": the heuristic document_span, which the delta needs
 # (what every detector of format 2 read).
@@ -261,7 +265,7 @@ def fit_detector(model, config: DetectorConfig, cache=None, progress: bool = Tru
     settings = resolve_settings(fit_settings(fixed, pick["C"]), blocks, acts, text)
     det = Detector(name, blocks, settings=settings).fit(X, y)
     s = det.predict_proba(X)
-    threshold = held_out_threshold(pick, y, s)
+    threshold = held_out_threshold(pick, y, s, [bool(r.get("near_miss")) for r in records])
     return {"format": FORMAT, "config": asdict(config), **model_identity(model), "chat": chat,
             "layer": pick["layer"], "views": sorted(_views_of(blocks)), "reads": reads,
             "pipeline": det.to_dict(),
@@ -323,4 +327,4 @@ def summary_line(detector: dict) -> str:
     return (f"{detector['pipeline']['name']} at layer {detector['layer']} (C={detector['pipeline']['settings']['C']}), "
             f"{detector['n_train']} prompts from {', '.join(detector['sources'])}; "
             f"leave-one-source-out AUC {held}, threshold {detector['threshold']:.3f} "
-            "(flags 5% of the training clean rows, scored out of fold)")
+            "(flags 5% of the training clean rows and of their near-misses, scored out of fold)")
