@@ -336,7 +336,8 @@ def detect(
     A detector is trained once (the detector, its layer and C chosen by leave-one-source-out over the training
     sources) and reused; one trained on another model or layer, or with other --pairs/--seed/--sources/--detector
     than asked, is refused (pass --train to refit it). Scores go to a JSONL file (``score``, ``flagged`` at the
-    threshold that flags 5% of the training clean prompts); with a ``label`` on every line the AUC is printed.
+    threshold that flags 5% of the training clean prompts and of their near-misses); with a ``label`` on every line
+    the AUC is printed.
     """
     if ctx.invoked_subcommand is not None:  # `workbench detect eval ...`: only the subcommand runs
         return
