@@ -350,3 +350,8 @@ def test_compare_settings_resumes_from_its_finished_settings(tiny, tmp_path, mon
     assert calls[4:] == ["A8"]
     evaluate.compare_settings(tiny, blocks.flip(1), ["A8"], **kwargs)  # other tokens: another folder
     assert calls[5:] == ["float", "A8"] and len([p for p in tmp_path.iterdir() if p.is_dir()]) == 2
+    forwards = []
+    streams = evaluate.site_activations
+    monkeypatch.setattr(evaluate, "site_activations", lambda *a, **k: forwards.append(1) or streams(*a, **k))
+    cached = evaluate.compare_settings(tiny, blocks, ["A8", "A4"], **kwargs)  # all cached: no model runs
+    assert calls[7:] == [] and forwards == [] and [r["setting"] for r in cached] == ["float", "A8", "A4"]

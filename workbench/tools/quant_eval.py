@@ -229,22 +229,24 @@ def compare_settings(model, token_blocks: torch.Tensor, settings: Sequence[str |
         setting_hooks(model, s)
     block_len = token_blocks.shape[1]
     ordered = [PRESETS["float"]] + [s for s in resolved if s.name != "float"]
-    # one float forward on the drift tokens serves every setting's L2, topology and SAE drift
     drift_batch = token_blocks[:drift_blocks]
     meter = DriftMeter(model, topology_layers, topology_k, sae, seed)
     names = [f"blocks.{L}.hook_resid_post" for L in range(model.cfg.n_layers)]
     sites = list(dict.fromkeys(names + meter.sites))
-    ref = site_activations(model, drift_batch, sites)
-    if meter.sites:
-        meter.set_reference(token_rows(ref, meter.sites))
     kept = settings_cache(cache, model, token_blocks, batch_size, drift_blocks, meter)
-    rows, float_nll = [], None
+    rows, float_nll, reference = [], None, {}
     for s in ordered:
         held = kept.get(s.name, dataclasses.asdict(s))
         if held is not None:  # finished by an earlier run under the same inputs
             float_nll = torch.tensor(held["nll"]) if float_nll is None else float_nll
             rows.append(held["row"])
             continue
+        if not reference:  # one float forward on the drift tokens serves every setting's L2, topology and SAE
+            # drift; made only once a setting needs computing, so a run that is all cached runs no model
+            reference["streams"] = site_activations(model, drift_batch, sites)
+            if meter.sites:
+                meter.set_reference(token_rows(reference["streams"], meter.sites))
+        ref = reference["streams"]
         t0 = time.perf_counter()
         with apply_setting(model, s):
             nll = token_nll(model, token_blocks, batch_size=batch_size, progress=progress, desc=s.name)
