@@ -219,3 +219,26 @@ def test_auto_dtype_is_bfloat16_only_where_the_cpu_computes_it(tmp_path, monkeyp
         assert loading.load_model("tiny", device="cpu", dtype="auto").workbench["dtype"] == expect
     with pytest.raises(WorkbenchError, match="use auto or one of"):
         loading.load_model("tiny", device="cpu", dtype="float8")
+
+
+def test_weights_edited_in_place_get_their_own_identity():
+    """A notebook's ablation, a fine-tune in place or quantized weights are not the weights the recorded hash
+    names: every cache keyed by the model's identity must see them as other weights, and weights restored exactly
+    by a quantization block are the loaded ones again."""
+    from workbench.models import model_identity
+    from workbench.tools.quant import quantized_weights
+
+    model = load_model("tiny", device="cpu")
+    loaded = model_identity(model)["weights_sha256"]
+    with quantized_weights(model, bits=4, group_size=None):
+        quantized = model_identity(model)["weights_sha256"]
+    assert quantized.startswith("edited-") and quantized != loaded
+    assert model_identity(model)["weights_sha256"] == loaded
+    w = model.blocks[0].mlp.W_out
+    with torch.no_grad():
+        w[0, 0] += 1.0
+    edited = model_identity(model)["weights_sha256"]
+    assert edited.startswith("edited-") and edited not in (loaded, quantized)
+    with torch.no_grad():
+        w[0, 0] -= 1.0  # undone by hand: hashed again (a cache may miss, never serve the edited weights' results)
+    assert model_identity(model)["weights_sha256"] not in (edited, quantized)

@@ -87,9 +87,41 @@ def model_identity(model, hook_names=()) -> dict:
     from workbench.models.fused_attention import implementation
 
     info = getattr(model, "workbench", {}) or {}
-    return {"model": info.get("name", model.cfg.model_name), "weights_sha256": info.get("weights_sha256"),
+    sha = info.get("weights_sha256")
+    if sha and edited_in_place(model):  # the recorded hash is of the weights as loaded, not of these
+        sha = _edited_sha256(model)
+    return {"model": info.get("name", model.cfg.model_name), "weights_sha256": sha,
             "model_dtype": info.get("dtype", str(model.cfg.dtype).removeprefix("torch.")),
             "d_model": int(model.cfg.d_model), "attention": info.get("attention") or implementation(model, hook_names)}
+
+
+def weights_stamp(model) -> tuple:
+    """Where each parameter lives and how often it was edited in place (its storage and version counter): a cheap
+    check that the weights are still those ``model.workbench["weights_sha256"]`` names. An edit through ``.data``,
+    which PyTorch does not version, is not seen."""
+    return tuple((name, p.data_ptr(), p._version) for name, p in model.named_parameters())
+
+
+def stamp_weights(model) -> None:
+    """Record the weights as those the model's recorded hash names (at load, or after restoring them exactly)."""
+    model.__dict__["_workbench_weights_stamp"] = weights_stamp(model)
+
+
+def edited_in_place(model) -> bool:
+    """Whether a parameter was edited, replaced or moved since ``stamp_weights`` (a notebook's ablation, a
+    fine-tune in place, weights quantized in a ``quant.quantized_weights`` block)."""
+    loaded = model.__dict__.get("_workbench_weights_stamp")
+    return loaded is not None and loaded != weights_stamp(model)
+
+
+def _edited_sha256(model) -> str:
+    """The hash of edited weights (``state_sha256``), computed once per edit."""
+    now = weights_stamp(model)
+    held = model.__dict__.get("_workbench_edited_sha256")
+    if held is None or held[0] != now:
+        held = (now, "edited-" + state_sha256(model))
+        model.__dict__["_workbench_edited_sha256"] = held
+    return held[1]
 
 
 def cache_identity(model, hook_names=()) -> dict:
@@ -142,6 +174,7 @@ def load_model(
         "load_seconds": round(time.perf_counter() - started, 2),
         **info,
     }
+    stamp_weights(model)  # caches trust the recorded hash only while the weights stay as loaded
     log.info("loaded %s in %.1fs (%s)", spec.name, model.workbench["load_seconds"], info)
     return model
 

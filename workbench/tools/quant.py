@@ -498,9 +498,12 @@ def quantized_weights(
 
     Embeddings and the unembedding stay in float, as is usual. Weights are restored on exit.
     """
+    from workbench.models.loading import edited_in_place, stamp_weights
+
     check_bits(bits, "weight bits")
     saved: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
     params = dict(model.named_parameters())
+    as_loaded = not edited_in_place(model)
     try:
         with torch.no_grad():
             for L in _existing_layers(model, layers):
@@ -515,6 +518,8 @@ def quantized_weights(
         with torch.no_grad():
             for p, original in saved:
                 p.copy_(original)
+        if as_loaded:  # restored exactly: the recorded hash names these weights again
+            stamp_weights(model)
 
 
 # ----------------------------------------------------------------------------- hooks
