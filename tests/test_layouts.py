@@ -130,10 +130,30 @@ def test_a_stale_cached_detector_is_retrained_and_a_named_folder_is_refused(tiny
     path = tmp_path / "detector.json"
     old = {k: v for k, v in det.items() if k != "reads"} | {"format": 2}  # as the workbench before stop 41 wrote it
     path.write_text(json.dumps(old))
-    with pytest.raises(WorkbenchError, match="format 2, this workbench reads 3"):
+    with pytest.raises(WorkbenchError, match=f"format 2, this workbench reads {FORMAT}"):
         trained_or_loaded(tiny, config, tmp_path, progress=False)  # a folder the user named: never overwritten
     assert json.loads(path.read_text())["format"] == 2
     again, trained = trained_or_loaded(tiny, config, tmp_path, progress=False, cached=True)
     assert trained and json.loads(path.read_text())["format"] == FORMAT and again["reads"] == "user turn"
     _, trained = trained_or_loaded(tiny, config, tmp_path, progress=False, cached=True)
     assert not trained  # a current one is loaded, not refitted
+
+
+def test_an_auto_detector_chosen_among_other_candidates_is_retrained_in_the_cache_and_refused_if_named(tiny,
+                                                                                                        tmp_path):
+    """Stop 42 changed auto's candidates: a detector the cache holds from before is stale and refitted; one in a
+    folder the user named is refused in one line that names the candidates."""
+    import json
+
+    from workbench.commands.detect import trained_or_loaded
+    from workbench.detect.trained import AUTO
+
+    config = DetectorConfig(model="tiny", n_pairs=14, max_tokens=512, layer=2, sources=["generator"])
+    det, _ = trained_or_loaded(tiny, config, tmp_path, progress=False)
+    path = tmp_path / "detector.json"
+    path.write_text(json.dumps({**det, "choice": {n: v for n, v in det["choice"].items() if n != AUTO[-1]}}))
+    with pytest.raises(WorkbenchError, match="was chosen among .*this workbench's auto chooses among") as info:
+        trained_or_loaded(tiny, config, tmp_path, progress=False)
+    assert "\n" not in str(info.value) and set(json.loads(path.read_text())["choice"]) != set(AUTO)
+    again, trained = trained_or_loaded(tiny, config, tmp_path, progress=False, cached=True)
+    assert trained and set(again["choice"]) == set(AUTO) == set(json.loads(path.read_text())["choice"])

@@ -90,16 +90,23 @@ def trained_or_loaded(model, config: DetectorConfig, folder: Path, train: bool =
     """The detector in ``folder`` (trained now when asked or absent), checked against this model and every option
     in ``asked`` (config field -> (option, value)); returns (detector, whether it was trained now). ``cached``: the
     folder is the user cache's, so a detector there that this workbench cannot read (another format, a damaged
-    file) is trained again, as any stale cache entry is; a folder the user named is never overwritten unasked."""
+    file) or whose ``auto`` chose among other candidates is trained again, as any stale cache entry is; a folder
+    the user named is never overwritten unasked."""
     path = Path(folder) / "detector.json"
     detector = None
     if not train and path.exists():
         try:
             detector = load_detector(path)
+            if config.detector == "auto" == detector["config"].get("detector") \
+                    and set(detector.get("choice") or ()) != set(AUTO):
+                raise WorkbenchError(f"the detector in {folder} was chosen among "
+                                     f"{', '.join(detector.get('choice') or ())}; this workbench's auto chooses "
+                                     f"among {', '.join(AUTO)}: pass --train to refit it")
         except WorkbenchError as exc:
             if not cached:
                 raise
             log.warning("retraining the cached detector: %s", exc)
+            detector = None
     if detector is None:
         config.model = model.workbench["name"]
         return train_detector(model, config, folder, progress=progress), True
@@ -110,9 +117,6 @@ def trained_or_loaded(model, config: DetectorConfig, folder: Path, train: bool =
                     "(pass --dtype %s to score as it was trained)", folder, detector["model_dtype"], now,
                     detector["model_dtype"])
     trained = {**detector["config"], "reads": detector["reads"]}  # what it reads, resolved from auto
-    if config.detector == "auto" == trained.get("detector") and set(detector.get("choice") or ()) != set(AUTO):
-        raise WorkbenchError(f"the detector in {folder} was chosen among {', '.join(detector.get('choice') or ())}; "
-                             "this workbench's auto chooses among more: pass --train to refit it")
     for key, (option, value) in (asked or {}).items():
         if value is not None and trained.get(key) != value:
             shown = ",".join(trained.get(key)) if isinstance(trained.get(key), list) else trained.get(key)

@@ -28,7 +28,7 @@ from workbench.conditions.layouts import LAYOUTS, mixed_layouts, relaid
 from workbench.errors import WorkbenchError
 from workbench.models.loading import model_identity
 
-FORMAT = 3  # 3: "reads" (the whole user turn, stop 41)
+FORMAT = 4  # 3: "reads" (the whole user turn, stop 41); 4: the threshold holds the near-misses too (stop 42)
 DEFAULT_PAIRS = 60  # per source: five sources, 600 prompts, trained in about 3 minutes on 2 cores
 MIN_PAIRS = 14  # every source needs both classes in every inner fold
 # "docs": benign near-misses from real documentation (clean only; in every training set, never held out), so a
