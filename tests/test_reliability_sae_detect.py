@@ -361,7 +361,7 @@ BAD_DETECTOR_FILES = [
     (lambda t: json.dumps({**json.loads(t), "weights_sha256": "0" * 64}), "tiny with weights 000000000000"),
     (lambda t: json.dumps({**json.loads(t), "layer": 9}), "layer 9"),
     (lambda t: json.dumps({**json.loads(t), "choice": {"last-token probe": {}}}),
-     "chosen among last-token probe; this workbench's auto chooses among more"),
+     "chosen among last-token probe; this workbench's auto chooses among document span"),
 ]
 
 
