@@ -179,11 +179,11 @@ def held_out_threshold(pick: dict, y: np.ndarray, fallback: np.ndarray, near_mis
     scored = (y == 0) & np.isfinite(oof) if oof is not None else np.zeros(len(y), bool)
     if not scored.any():
         return metrics.threshold_at_fpr(fallback[y == 0], FPR_FOR_THRESHOLD)
-    thresholds = [metrics.threshold_at_fpr(oof[scored], FPR_FOR_THRESHOLD)]
-    near = scored & (np.zeros(len(y), bool) if near_miss is None else np.asarray(near_miss, bool))
-    if near.sum() >= MIN_NEAR_MISSES:
-        thresholds.append(metrics.threshold_at_fpr(oof[near], FPR_FOR_THRESHOLD))
-    return max(thresholds)
+    threshold = metrics.threshold_at_fpr(oof[scored], FPR_FOR_THRESHOLD)
+    near = scored & np.asarray(near_miss, bool) if near_miss is not None else None
+    if near is not None and near.sum() >= MIN_NEAR_MISSES:
+        threshold = max(threshold, metrics.threshold_at_fpr(oof[near], FPR_FOR_THRESHOLD))
+    return threshold
 
 
 def _fit_and_score(name, template, acts, layers, text, y, train, test, settings, layer):

@@ -87,10 +87,7 @@ def model_identity(model, hook_names=()) -> dict:
     from workbench.models.fused_attention import implementation
 
     info = getattr(model, "workbench", {}) or {}
-    sha = info.get("weights_sha256")
-    if sha and edited_in_place(model):  # the recorded hash is of the weights as loaded, not of these
-        sha = _edited_sha256(model)
-    return {"model": info.get("name", model.cfg.model_name), "weights_sha256": sha,
+    return {"model": info.get("name", model.cfg.model_name), "weights_sha256": _weights_sha256(model, info),
             "model_dtype": info.get("dtype", str(model.cfg.dtype).removeprefix("torch.")),
             "d_model": int(model.cfg.d_model), "attention": info.get("attention") or implementation(model, hook_names)}
 
@@ -107,20 +104,23 @@ def stamp_weights(model) -> None:
     model.__dict__["_workbench_weights_stamp"] = weights_stamp(model)
 
 
-def edited_in_place(model) -> bool:
+def edited_in_place(model, now: tuple | None = None) -> bool:
     """Whether a parameter was edited, replaced or moved since ``stamp_weights`` (a notebook's ablation, a
-    fine-tune in place, weights quantized in a ``quant.quantized_weights`` block)."""
+    fine-tune in place, weights quantized in a ``quant.quantized_weights`` block). ``now``: its stamp, if taken."""
     loaded = model.__dict__.get("_workbench_weights_stamp")
-    return loaded is not None and loaded != weights_stamp(model)
+    return loaded is not None and loaded != (weights_stamp(model) if now is None else now)
 
 
-def _edited_sha256(model) -> str:
-    """The hash of edited weights (``state_sha256``), computed once per edit."""
+def _weights_sha256(model, info: dict) -> str | None:
+    """The recorded hash while the weights are as loaded; else the edited weights' own (``state_sha256``), computed
+    once per edit."""
+    sha = info.get("weights_sha256")
     now = weights_stamp(model)
+    if not sha or not edited_in_place(model, now):
+        return sha
     held = model.__dict__.get("_workbench_edited_sha256")
     if held is None or held[0] != now:
-        held = (now, "edited-" + state_sha256(model))
-        model.__dict__["_workbench_edited_sha256"] = held
+        held = model.__dict__["_workbench_edited_sha256"] = (now, "edited-" + state_sha256(model))
     return held[1]
 
 

@@ -234,19 +234,18 @@ def compare_settings(model, token_blocks: torch.Tensor, settings: Sequence[str |
     names = [f"blocks.{L}.hook_resid_post" for L in range(model.cfg.n_layers)]
     sites = list(dict.fromkeys(names + meter.sites))
     kept = settings_cache(cache, model, token_blocks, batch_size, drift_blocks, meter)
-    rows, float_nll, reference = [], None, {}
+    rows, float_nll, ref = [], None, None
     for s in ordered:
         held = kept.get(s.name, dataclasses.asdict(s))
         if held is not None:  # finished by an earlier run under the same inputs
             float_nll = torch.tensor(held["nll"]) if float_nll is None else float_nll
             rows.append(held["row"])
             continue
-        if not reference:  # one float forward on the drift tokens serves every setting's L2, topology and SAE
-            # drift; made only once a setting needs computing, so a run that is all cached runs no model
-            reference["streams"] = site_activations(model, drift_batch, sites)
+        if ref is None:  # one float forward on the drift tokens serves every setting's L2, topology and SAE drift;
+            # made only once a setting needs computing, so a run that is all cached runs no model
+            ref = site_activations(model, drift_batch, sites)
             if meter.sites:
-                meter.set_reference(token_rows(reference["streams"], meter.sites))
-        ref = reference["streams"]
+                meter.set_reference(token_rows(ref, meter.sites))
         t0 = time.perf_counter()
         with apply_setting(model, s):
             nll = token_nll(model, token_blocks, batch_size=batch_size, progress=progress, desc=s.name)
