@@ -104,19 +104,21 @@ def stamp_weights(model) -> None:
     model.__dict__["_workbench_weights_stamp"] = weights_stamp(model)
 
 
-def edited_in_place(model, now: tuple | None = None) -> bool:
+def edited_in_place(model) -> bool:
     """Whether a parameter was edited, replaced or moved since ``stamp_weights`` (a notebook's ablation, a
-    fine-tune in place, weights quantized in a ``quant.quantized_weights`` block). ``now``: its stamp, if taken."""
+    fine-tune in place, weights quantized in a ``quant.quantized_weights`` block)."""
     loaded = model.__dict__.get("_workbench_weights_stamp")
-    return loaded is not None and loaded != (weights_stamp(model) if now is None else now)
+    return loaded is not None and loaded != weights_stamp(model)
 
 
 def _weights_sha256(model, info: dict) -> str | None:
-    """The recorded hash while the weights are as loaded; else the edited weights' own (``state_sha256``), computed
-    once per edit."""
-    sha = info.get("weights_sha256")
+    """The recorded hash while the weights are as loaded (or never stamped: a model ``load_model`` did not build);
+    else the edited weights' own (``state_sha256``), computed once per edit."""
+    sha, loaded = info.get("weights_sha256"), model.__dict__.get("_workbench_weights_stamp")
+    if not sha or loaded is None:
+        return sha
     now = weights_stamp(model)
-    if not sha or not edited_in_place(model, now):
+    if now == loaded:
         return sha
     held = model.__dict__.get("_workbench_edited_sha256")
     if held is None or held[0] != now:
