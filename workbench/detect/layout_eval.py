@@ -47,8 +47,8 @@ def layout_robustness(model, held_out: str, trainings=tuple(TRAININGS), n_pairs:
                               DetectorConfig.max_tokens, chat)
     rows = []
     for name in trainings:
-        config = DetectorConfig(model=model.workbench["name"], sources=train_sources, n_pairs=n_pairs, seed=seed,
-                                **TRAININGS[name])
+        config = DetectorConfig(model=model.workbench["name"], sources=train_sources, n_pairs=n_pairs,
+                                generator_pairs=n_pairs, seed=seed, **TRAININGS[name])  # every source alike
         detector = fit_detector(model, config, cache=cache, progress=progress)
         for layout in LAYOUTS:
             laid = [relaid(r, layout) for r in tests]

@@ -1,12 +1,13 @@
 """Fits shared between detectors: the same pipeline on the same rows is fitted once.
 
-The inner leave-one-source-out choice fits every candidate at every layer, C and fold, and the late fusion's
-span member is the very pipeline the "span mean+max + keywords" candidate fits on the very same columns and
-rows: a third of ``detect --train``'s fits were such repeats. Inside ``shared_fits()``, ``fit`` keys each fit
+The inner leave-one-source-out choice fits every candidate at every layer, C and fold, and a late fusion's
+span member is the very pipeline a span candidate ("document span mean+max" for the three-way fusion) fits on
+the very same columns and rows: a third of ``detect --train``'s fits were such repeats. Inside ``shared_fits()``, ``fit`` keys each fit
 by the estimator's parameters (nested pipelines and fusion members included) and a hash of X and y, and
 returns the fitted estimator it already has. Fitted estimators are only read afterwards (scores), never refit.
 Inputs above ``MAX_HASHED_BYTES`` (the token probe's per-token block) are fitted without the memo: hashing them
-costs about what fitting them does, and no two detectors share them.
+costs about what fitting them does, and no two detectors share them. What such a fit computes on smaller arrays
+that do not depend on C (the token probe's request tagger, a third of the choice's time) goes through ``once``.
 """
 
 from __future__ import annotations
@@ -57,4 +58,16 @@ def fit(estimator, X, y):
     key = (signature(estimator), _digest(X), _digest(y))
     if key not in memo:
         memo[key] = estimator.fit(X, y)
+    return memo[key]
+
+
+def once(kind: str, arrays: tuple, compute):
+    """``compute()``, or (inside ``shared_fits``) its result from before on equal ``arrays``: a fit repeated for
+    every C of the grid that does not depend on C."""
+    memo = _MEMO.get()
+    if memo is None:
+        return compute()
+    key = (kind, *(_digest(a) for a in arrays))
+    if key not in memo:
+        memo[key] = compute()
     return memo[key]

@@ -81,12 +81,19 @@ class TokenProbe(TransformerMixin, BaseEstimator):
             return np.zeros(acts.shape[-1]), -50.0
         from sklearn.linear_model import LogisticRegression
 
-        tokens = acts[document | outside]
-        is_request = outside[document | outside]
-        keep = np.unique(np.linspace(0, len(tokens) - 1, min(most, len(tokens))).round().astype(int))  # spread
-        Z = (tokens[keep] - self.mean_) / self.scale_
-        fit = LogisticRegression(C=0.1, class_weight="balanced", max_iter=500).fit(Z, is_request[keep])
-        return fit.coef_[0] / self.scale_, float(fit.intercept_[0] - (self.mean_ / self.scale_) @ fit.coef_[0])
+        from workbench.detect.shared_fits import once
+
+        rows, cols = np.nonzero(document | outside)  # in the order acts[document | outside] gives them
+        keep = np.unique(np.linspace(0, len(rows) - 1, min(most, len(rows))).round().astype(int))  # spread
+        rows, cols = rows[keep], cols[keep]
+        tokens, is_request = acts[rows, cols], outside[rows, cols]  # gathered without copying every token
+
+        def fitted():
+            Z = (tokens - self.mean_) / self.scale_
+            fit = LogisticRegression(C=0.1, class_weight="balanced", max_iter=500).fit(Z, is_request)
+            return fit.coef_[0] / self.scale_, float(fit.intercept_[0] - (self.mean_ / self.scale_) @ fit.coef_[0])
+
+        return once("request tagger", (tokens, is_request, self.mean_, self.scale_), fitted)
 
     def request_tokens(self, X) -> np.ndarray:
         """Which sampled tokens the tagger takes for the user's request (none when it saw no request)."""

@@ -28,8 +28,16 @@ from workbench.conditions.layouts import LAYOUTS, mixed_layouts, relaid
 from workbench.errors import WorkbenchError
 from workbench.models.loading import model_identity
 
-FORMAT = 4  # 3: "reads" (the whole user turn, stop 41); 4: the threshold holds the near-misses too (stop 42)
-DEFAULT_PAIRS = 60  # per source: five sources, 600 prompts, trained in about 3 minutes on 2 cores
+FORMAT = 5  # 3: "reads" (the whole user turn, stop 41); 4: the threshold holds the near-misses too (stop 42);
+# 5: the generator draws GENERATOR_SHARE times the pairs of every other source (stop 43)
+DEFAULT_PAIRS = 40  # per source (the generator: GENERATOR_SHARE times as many), ~820 prompts, trained in ~3 min
+# The generator's pairs per pair of every other source, when training does not name them. It is the varied source
+# (twenty document kinds, fourteen attack families, phrasings composed from parts), where each AgentDojo suite
+# or garak is a few templates, and it is data-hungry: with every other source at 60 pairs, a fresh generator
+# draw's AUC grew 0.74 -> 0.81 -> 0.87 as its pairs went 60 -> 150 -> 300, and 0.70 -> 0.83 on the families and
+# kinds of its held-out split left out of training, while the held-out AgentDojo suites and garak stayed
+# (mean 0.945 -> 0.943). Studies of leaving one source out still draw every source alike.
+GENERATOR_SHARE = 5
 MIN_PAIRS = 14  # every source needs both classes in every inner fold
 # "docs": benign near-misses from real documentation (clean only; in every training set, never held out), so a
 # detector sees benign imperatives and "system"/"ignore"/"override" even when the generator, whose near-misses
@@ -55,7 +63,10 @@ SOURCES = ("generator", "agentdojo", "garak", "docs")
 # The three-way fusion (token probe, span, keywords: each its own member) took the two-way one's place in stop 42:
 # reading the whole user turn it held 0.904 leaving one source out on two draws, against 0.890 and 0.887
 # (garak 0.80 -> 0.87; results/fused/deployed-reading-three-way-150pairs). The two-way one stays by name.
-AUTO = ("document span mean+max", "span mean+max + keywords", "token probe + span + keywords (three-way)")
+# "span mean+max + keywords" left AUTO in stop 43: the three-way fusion holds both its reads as members and beat it
+# in every inner choice since (0.908 against 0.883), and its fits were a fifth of the choice's time, which the
+# generator's larger share of the training pairs needed back. It stays by name.
+AUTO = ("document span mean+max", "token probe + span + keywords (three-way)")
 # What the pooled views of a user's prompt read. "user turn": the whole message, so the request may stand before,
 # after or around the document; "after the first blank line": the heuristic document_span, which the delta needs
 # (what every detector of format 2 read).
@@ -77,6 +88,7 @@ class DetectorConfig:
     layers: list[int] | None = None  # candidates (None: DEFAULT_LAYERS of the model)
     sources: list[str] = field(default_factory=lambda: list(SOURCES))
     n_pairs: int = DEFAULT_PAIRS  # matched pairs per source (per AgentDojo suite)
+    generator_pairs: int | None = None  # the generator's (None: GENERATOR_SHARE x n_pairs)
     max_tokens: int = 512
     seed: int = 0
     layouts: str = "mixed"  # the training turns' layouts: "mixed" (conditions.layouts), "as drawn", or one of LAYOUTS
@@ -88,6 +100,11 @@ class DetectorConfig:
         if not _int(self.n_pairs, MIN_PAIRS):
             raise WorkbenchError(f"--pairs must be an integer >= {MIN_PAIRS} (every source needs both classes in "
                                  f"every fold), got {self.n_pairs!r}")
+        if self.generator_pairs is None:
+            self.generator_pairs = GENERATOR_SHARE * self.n_pairs
+        if not _int(self.generator_pairs, MIN_PAIRS):
+            raise WorkbenchError(f"--generator-pairs must be an integer >= {MIN_PAIRS} (both classes in every fold), "
+                                 f"got {self.generator_pairs!r}")
         if self.layer is not None and not _int(self.layer, -10**6):
             raise WorkbenchError(f"--layer must be an integer, got {self.layer!r}")
         if self.layers is not None and (not self.layers or not all(_int(v, 0) for v in self.layers)):
@@ -130,10 +147,11 @@ def resolve_layer(model, layer: int | None) -> int | None:
     return layer % n
 
 
-def source_records(sources=SOURCES, n_pairs: int = 100, seed: int = 0) -> list[dict]:
+def source_records(sources=SOURCES, n_pairs: int = 100, seed: int = 0, generator_pairs: int | None = None) -> list[dict]:
     """Matched pairs from each source, tagged with ``source``: the generator, each AgentDojo suite apart
     (``agentdojo:banking`` ...), so that leaving one source out leaves out a whole environment, garak's
-    latent-injection probes as one source, and ``n_pairs`` clean documentation near-misses ("docs")."""
+    latent-injection probes as one source, and ``n_pairs`` clean documentation near-misses ("docs").
+    ``generator_pairs``: the generator's pairs (None: ``n_pairs``, as every other source)."""
     from workbench.conditions import get_condition
 
     unknown = [s for s in sources if s not in SOURCES]
@@ -141,7 +159,8 @@ def source_records(sources=SOURCES, n_pairs: int = 100, seed: int = 0) -> list[d
         raise WorkbenchError(f"unknown source {(unknown or [''])[0]!r}: use {', '.join(SOURCES)}")
     records = []
     if "generator" in sources:
-        records += [{**r, "source": "generator"} for r in get_condition("injection").prompts(None, n_pairs, seed=seed)]
+        records += [{**r, "source": "generator"} for r in get_condition("injection").prompts(
+            None, n_pairs if generator_pairs is None else generator_pairs, seed=seed)]
     if "agentdojo" in sources:
         from workbench.conditions.agentdojo import agentdojo_records, suite_names
 
@@ -244,7 +263,7 @@ def fit_detector(model, config: DetectorConfig, cache=None, progress: bool = Tru
     chat = bool(has_chat_template(model))
     views = set().union(*(_views_of(DETECTORS[n][0]) for n in names))
     reads = reads_of(views, config.reads)
-    drawn = laid_out(source_records(config.sources, config.n_pairs, config.seed), config.layouts, config.seed)
+    drawn = laid_out(source_records(config.sources, config.n_pairs, config.seed, config.generator_pairs), config.layouts, config.seed)
     records, unread = readable_pairs(model, as_user_file(drawn, reads), config.max_tokens, chat)
     if not records:
         raise WorkbenchError(f"every training pair's injection lies before the last {config.max_tokens} tokens the "
