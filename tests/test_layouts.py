@@ -157,3 +157,23 @@ def test_an_auto_detector_chosen_among_other_candidates_is_retrained_in_the_cach
     assert "\n" not in str(info.value) and set(json.loads(path.read_text())["choice"]) != set(AUTO)
     again, trained = trained_or_loaded(tiny, config, tmp_path, progress=False, cached=True)
     assert trained and set(again["choice"]) == set(AUTO) == set(json.loads(path.read_text())["choice"])
+
+
+def test_generator_share_measures_each_composition_on_a_fresh_draw_and_on_held_out_sources(tiny):
+    from workbench.detect.share_eval import generator_share
+
+    with pytest.raises(WorkbenchError, match=r"composition \(30, 14\) draws more pairs than its pool"):
+        generator_share(tiny, [(30, 14)], pool_pairs=14, generator_pool=20, progress=False)
+    rows = generator_share(tiny, [(14, 14), (20, 14)], pool_pairs=14, generator_pool=20, test_pairs=14, layer=2,
+                           n_boot=20, progress=False)
+    tests = ["fresh generator draw", "fresh draw, unseen families and kinds", "agentdojo:banking held out", "agentdojo:slack held out",
+             "agentdojo:travel held out", "agentdojo:workspace held out", "garak held out"]
+    assert [(r["generator_pairs"], r["test"]) for r in rows] == [(g, t) for g in (14, 20) for t in tests]
+    fresh = [r for r in rows if r["test"] == "fresh generator draw"]
+    unseen = [r for r in rows if r["test"].startswith("fresh draw, unseen")]
+    assert all(u["n_test"] < f["n_test"] and u["n_train"] < f["n_train"] for u, f in zip(unseen, fresh, strict=True))
+    assert fresh[1]["n_train"] - fresh[0]["n_train"] >= 2 * 6  # six more generator pairs, both twins
+    for r in rows:
+        assert 0 <= r["auc_low"] <= r["auc"] <= r["auc_high"] <= 1 and r["n_test"] > 0
+        if r["test"].endswith("held out"):  # its detector never saw the held-out source
+            assert r["n_train"] < fresh[0 if r["generator_pairs"] == 14 else 1]["n_train"]

@@ -263,3 +263,45 @@ def detect_layouts_report(outcome: dict, out: Path) -> None:
              f"{job['result'][0]['relaid']} of them relaid):\n\n" + markdown_table(job["result"], columns)
              for job in jobs]
     write_text_atomic(out / "results.md", "\n\n".join(parts) + "\n")
+
+
+def detect_generator_share(params: dict, work: Path) -> list[dict]:
+    """``detect.share_eval.generator_share``: a row per (composition, test)."""
+    from workbench.detect.share_eval import generator_share
+    from workbench.models import load_model
+    from workbench.paths import cache_dir
+
+    model = load_model(params["model"], dtype=params.get("dtype", "auto"))
+    return generator_share(model, params["compositions"], pool_pairs=params["pool_pairs"],
+                           generator_pool=params["generator_pool"], seed=params["seed"],
+                           test_pairs=params["test_pairs"], test_seed=params["test_seed"], layer=params["layer"],
+                           C=params["C"], n_boot=params["boot"], cache=cache_dir("detect-features"), progress=False)
+
+
+def detect_generator_share_report(outcome: dict, out: Path) -> None:
+    """results.json (rows, config, versions), results.csv, and results.md: a composition per row, a test per
+    column (AUC with its 95% CI), and the held-out sources' mean."""
+    import numpy as np
+
+    from workbench.commands.tool_results import markdown_table
+    from workbench.io import write_csv_atomic, write_json_atomic, write_text_atomic
+    from workbench.report import versions
+
+    jobs = _done(outcome)
+    rows = [{**row, "model": job["params"]["model"]} for job in jobs for row in job["result"]]
+    if not rows:
+        return
+    out = Path(out)
+    write_json_atomic(out / "results.json", {"config": outcome["config"], "jobs": [j["params"] for j in jobs],
+                                             "rows": rows, "versions": versions()})
+    write_csv_atomic(out / "results.csv", rows)
+    table = []
+    for key in dict.fromkeys((r["generator_pairs"], r["pairs"]) for r in rows):
+        mine = [r for r in rows if (r["generator_pairs"], r["pairs"]) == key]
+        line = {"generator pairs": key[0], "pairs per other source": key[1],
+                "training prompts": next(r["n_train"] for r in mine if r["test"] == "fresh generator draw")}
+        for r in mine:
+            line[r["test"]] = f"{r['auc']:.3f} ({r['auc_low']:.3f}-{r['auc_high']:.3f})"
+        line["held-out mean"] = f"{np.mean([r['auc'] for r in mine if r['test'].endswith('held out')]):.3f}"
+        table.append(line)
+    write_text_atomic(out / "results.md", markdown_table(table, list(table[0])) + "\n")

@@ -124,12 +124,14 @@ class DetectorConfig:
 
 
 def default_layers(model) -> list[int]:
-    """Candidate layers: two in the first seventh of the depth and one at three fifths. On SmolLM2
+    """Candidate layers: one at a seventh of the depth and one at three fifths. On SmolLM2
     (studies/injection_detection, the per-layer tables) the pooled span detectors held out 0.87-0.88 at layers 2-4,
     where a short forward keeps scoring fast, and the token probe and its fusion need depth: 0.79-0.87 at layers
-    2-6 against 0.89-0.92 at layer 18 (3/5 of 30)."""
+    2-6 against 0.89-0.92 at layer 18 (3/5 of 30). A fifteenth of the depth (layer 2) was a third candidate until
+    stop 43: reading the whole user turn it scored what layer 4 did in the inner choice (0.851 against 0.850 for the
+    fusion, 0.844 against 0.837 for the span), both below layer 18 (0.893), and it cost a third of the choice."""
     n = model.cfg.n_layers
-    return sorted({max(1, n // 15), max(1, n // 7), (3 * n) // 5} & set(range(n)))
+    return sorted({max(1, n // 7), (3 * n) // 5} & set(range(n)))
 
 
 def content_key(*parts) -> str:
