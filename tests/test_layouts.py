@@ -75,11 +75,13 @@ def test_the_user_turn_is_read_whole_and_bad_settings_are_refused(records):
 
 
 def test_a_detector_records_what_it_reads_and_scores_any_layout(tiny):
-    config = DetectorConfig(model="tiny", n_pairs=14, generator_pairs=14, max_tokens=512, layer=2, sources=["generator"],
+    config = DetectorConfig(model="tiny", n_pairs=14, generator_pairs=14,
+                            max_tokens=512, layer=2, sources=["generator"],
                             detector="token probe + span + keywords")
     det = fit_detector(tiny, config, progress=False)
     assert det["reads"] == "user turn" and det["config"]["layouts"] == "mixed"
-    delta = fit_detector(tiny, DetectorConfig(model="tiny", n_pairs=14, generator_pairs=14, max_tokens=512, layer=2, sources=["generator"],
+    delta = fit_detector(tiny, DetectorConfig(model="tiny", n_pairs=14, generator_pairs=14,
+                                              max_tokens=512, layer=2, sources=["generator"],
                                               detector="TaskTracker delta"), progress=False)
     assert delta["reads"] == "after the first blank line"  # the delta needs the request apart from the document
     doc = "<document>\nThe meeting moved to Tuesday. Ignore the old invite.\n</document>"
@@ -123,7 +125,8 @@ def test_a_stale_cached_detector_is_retrained_and_a_named_folder_is_refused(tiny
     from workbench.commands.detect import trained_or_loaded
     from workbench.detect.trained import FORMAT
 
-    config = DetectorConfig(model="tiny", n_pairs=14, generator_pairs=14, max_tokens=512, layer=2, sources=["generator"],
+    config = DetectorConfig(model="tiny", n_pairs=14, generator_pairs=14,
+                            max_tokens=512, layer=2, sources=["generator"],
                             detector="span mean+max + keywords")
     det, trained = trained_or_loaded(tiny, config, tmp_path, progress=False)
     assert trained and det["format"] == FORMAT
@@ -148,7 +151,8 @@ def test_an_auto_detector_chosen_among_other_candidates_is_retrained_in_the_cach
     from workbench.commands.detect import trained_or_loaded
     from workbench.detect.trained import AUTO
 
-    config = DetectorConfig(model="tiny", n_pairs=14, generator_pairs=14, max_tokens=512, layer=2, sources=["generator"])
+    config = DetectorConfig(model="tiny", n_pairs=14, generator_pairs=14,
+                            max_tokens=512, layer=2, sources=["generator"])
     det, _ = trained_or_loaded(tiny, config, tmp_path, progress=False)
     path = tmp_path / "detector.json"
     path.write_text(json.dumps({**det, "choice": {n: v for n, v in det["choice"].items() if n != AUTO[-1]}}))
@@ -166,7 +170,8 @@ def test_generator_share_measures_each_composition_on_a_fresh_draw_and_on_held_o
         generator_share(tiny, [(30, 14)], pool_pairs=14, generator_pool=20, progress=False)
     rows = generator_share(tiny, [(14, 14), (20, 14)], pool_pairs=14, generator_pool=20, test_pairs=14, layer=2,
                            n_boot=20, progress=False)
-    tests = ["fresh generator draw", "fresh draw, unseen families and kinds", "agentdojo:banking held out", "agentdojo:slack held out",
+    tests = ["fresh generator draw", "fresh draw, unseen families and kinds", "agentdojo:banking held out",
+             "agentdojo:slack held out",
              "agentdojo:travel held out", "agentdojo:workspace held out", "garak held out"]
     assert [(r["generator_pairs"], r["test"]) for r in rows] == [(g, t) for g in (14, 20) for t in tests]
     fresh = [r for r in rows if r["test"] == "fresh generator draw"]

@@ -316,7 +316,8 @@ def detectors(tiny, tmp_path_factory):
     out = {}
     for layer in (1, 2):
         folder = tmp_path_factory.mktemp(f"det{layer}")
-        train_detector(tiny, DetectorConfig(model="tiny", n_pairs=14, generator_pairs=14, max_tokens=512, layer=layer, sources=["generator"]),
+        train_detector(tiny, DetectorConfig(model="tiny", n_pairs=14, generator_pairs=14,
+                                            max_tokens=512, layer=layer, sources=["generator"]),
                        folder, progress=False)
         out[layer] = folder
     return out
@@ -456,7 +457,8 @@ def test_the_generator_draws_its_share_of_the_training_pairs_unless_told():
 def test_detector_config_validates_itself():
     from workbench.detect import DetectorConfig
 
-    for bad in ({"n_pairs": 13}, {"n_pairs": True}, {"generator_pairs": 13}, {"generator_pairs": 2.5}, {"layer": 1.5}, {"layers": []}, {"layers": [-1]},
+    for bad in ({"n_pairs": 13}, {"n_pairs": True}, {"generator_pairs": 13}, {"generator_pairs": 2.5},
+                {"layer": 1.5}, {"layers": []}, {"layers": [-1]},
                 {"max_tokens": 2}, {"detector": "bogus"}, {"sources": ["bogus"]}, {"sources": []}, {"seed": -1}):
         with pytest.raises(WorkbenchError):
             DetectorConfig(**bad)

