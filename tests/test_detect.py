@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from tests.cli_harness import run_cli
 from workbench.cli import app
 from workbench.commands.detect import load_detector, train_detector
 from workbench.detect import DetectorConfig, score_prompts
-from workbench.detect.metrics import labelled_metrics
+from workbench.detect.metrics import injected_labels, labelled_metrics
 from workbench.detect.trained import AUTO
 from workbench.errors import WorkbenchError
 from workbench.topology.prompt_views import ReferenceCloudDelta, TokenCloudBarcode
@@ -54,6 +55,8 @@ def test_scores_are_probabilities_reproducible_and_survive_the_json(tiny, detect
 @pytest.mark.parametrize("name, views", [("token-cloud barcode", ["doc_topology"]),
                                          ("token probe + span + keywords", ["doc_max", "doc_mean", "doc_tokens", "text"]),
                                          ("token probe + span + keywords (three-way)",
+                                          ["doc_max", "doc_mean", "doc_tokens", "text"]),
+                                         ("token probe + span + keywords (weighted)",
                                           ["doc_max", "doc_mean", "doc_tokens", "text"])])
 def test_a_fixed_detector_and_layer_are_honoured(tiny, tmp_path, name, views):
     det = train_detector(tiny, DetectorConfig(model="tiny", n_pairs=14, generator_pairs=14,
@@ -95,6 +98,22 @@ def test_cli_scores_and_reports_the_auc_of_a_labelled_file(tmp_path, detector):
     assert result.exit_code == 0, result.output
     assert "1 prompts were longer than 512 tokens" in result.output and "no AUC: every label" in result.output
     assert json.loads((tmp_path / "p.scores.jsonl").read_text())["truncated"] is True
+    for bad, says in (([{"label": "injected"}, {}], "record 2 has no label while 1 of 2 do"),
+                      ([{"label": "clean"}, {"label": "suspicious"}], "record 2 has the label 'suspicious'")):
+        prompts.write_text("".join(json.dumps({**r, **extra}) + "\n" for r, extra in zip(RECORDS, bad, strict=True)))
+        (tmp_path / "p.scores.jsonl").unlink(missing_ok=True)
+        code, _, err = run_cli(["detect", "--model", "tiny", "--prompts", prompts, "--detector-dir", out])
+        assert code != 0 and says in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / "p.scores.jsonl").exists()  # refused before anything was scored or written
+
+
+def test_injected_labels_read_the_usual_words_and_refuse_the_rest():
+    labels = ["clean", "Injected", 0, 1, True, False, 1.0, 0.0, "benign", "not_injected", "Prompt-Injection", "SAFE"]
+    assert injected_labels([{"label": v} for v in labels]).tolist() == [0, 1, 0, 1, 1, 0, 1, 0, 0, 0, 1, 0]
+    assert injected_labels([{"text": "a"}, {"label": None}]) is None  # no labels: nothing to measure
+    for bad in ("suspicious", 0.5, 2, "ambiguous"):
+        with pytest.raises(WorkbenchError, match="neither clean .* nor injected"):
+            injected_labels([{"label": "clean"}, {"label": bad}])
 
 
 def test_labelled_metrics_read_common_labels_and_match_lengths():
@@ -337,3 +356,22 @@ def test_token_probe_tags_the_request_and_leaves_it_out_of_its_pooling():
     np.testing.assert_allclose(det.predict_proba(Xt), again.predict_proba(Xt), atol=1e-12)
     untagged = TokenProbe(tokens=16, top=2).fit(*_token_rows(np.random.default_rng(0), 80))  # no request seen
     assert not untagged.request_tokens(X).any()
+
+
+def test_bench_gemm_ceiling_counts_every_linear_weight(tiny):
+    """bench_detect's GEMM-only ceiling reads one (in, out) per GEMM of a block: together they hold exactly the
+    block's q/k/v/o and MLP weights (grouped keys and values once per KV head), so its FLOPs per prompt are the
+    forward's."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from bench_detect import gemm_ceiling, linear_shapes
+
+    block = tiny.blocks[0]
+    weights = [block.attn.W_Q, block.attn._W_K, block.attn._W_V, block.attn.W_O, block.mlp.W_gate,
+               block.mlp.W_in, block.mlp.W_out]
+    assert sum(a * b for a, b in linear_shapes(tiny)) == sum(w.numel() for w in weights)
+    got = gemm_ceiling(tiny, layer=1, tokens=10.0, batch=2, repeats=1)
+    assert got["gflop_per_prompt"] == pytest.approx(2 * 10 * sum(w.numel() for w in weights) * 2 / 1e9)
+    assert got["prompts_per_s"] > 0 and got["gflop_per_s"] > 0

@@ -101,6 +101,59 @@ def test_the_token_probes_request_tagger_is_fitted_once_across_the_c_grid_and_ex
     assert probes[0].request_tokens(X)[:, :2].all() and not probes[0].request_tokens(X)[:, 2:].any()
 
 
+def test_fusion_weights_reweigh_the_same_fitted_members_and_round_trip():
+    """A member's weight scales its standardized logit's say; the members' fits and scaling do not depend on it,
+    so the choice can score every weighting from one fit. Weights ride in the detector's JSON."""
+    rng = np.random.default_rng(5)
+    X, y = rng.normal(size=(90, 6)), rng.integers(0, 2, 90)
+    X[:, 0] += 2.0 * y  # member 0 carries the label, member 1 does not
+    members = [{"columns": [0, 2]}, {"columns": [2, 6]}]
+    equal = Detector("f", [("last", 1), ("doc_mean", 1)], settings={"C": 1.0, "members": members}).fit(X, y)
+    ones = Detector("f", [("last", 1), ("doc_mean", 1)], settings={"C": 1.0, "members": members,
+                                                                   "weights": [1, 1]}).fit(X, y)
+    first = Detector("f", [("last", 1), ("doc_mean", 1)], settings={"C": 1.0, "members": members,
+                                                                    "weights": [3, 0]}).fit(X, y)
+    np.testing.assert_allclose(ones.predict_proba(X), equal.predict_proba(X), atol=1e-12)
+    fusion = equal.pipeline.steps[0][1]
+    z = fusion.standardized(X)
+    np.testing.assert_allclose(first.predict_proba(X), 1 / (1 + np.exp(-z[0])), atol=1e-12)
+    assert metrics.auc(y, first.predict_proba(X)) > metrics.auc(y, equal.predict_proba(X))
+    loaded = Detector.from_dict(json.loads(json.dumps(first.to_dict())))
+    np.testing.assert_allclose(loaded.predict_proba(X), first.predict_proba(X), atol=1e-12)
+    for bad in ([1, -1], [0, 0], [1, 1, 1]):
+        with pytest.raises(ValueError, match="one non-negative weight per member"):
+            Detector("f", [("last", 1), ("doc_mean", 1)], settings={"C": 1.0, "members": members,
+                                                                    "weights": bad}).fit(X, y)
+
+
+def test_the_choice_picks_the_weighting_that_holds_out_best_and_scores_it_as_a_refit_would():
+    """``choose`` with a ``weights_grid``: the informative member gets the double say, and the out-of-fold scores of
+    the pick are those of detectors fitted with its weights (no refit per weighting, the same numbers)."""
+    from workbench.detect.evaluate import _inner_folds, choose, chosen_settings
+
+    rng = np.random.default_rng(6)
+    n = 240
+    y = rng.integers(0, 2, n)
+    groups = np.repeat(["a", "b", "c"], n // 3)
+    acts = {"last": rng.normal(size=(n, 1, 4)), "doc_mean": rng.normal(size=(n, 1, 4))}
+    acts["last"][:, 0, 0] += 1.2 * y  # the first member's view carries the label in every group
+    acts["doc_mean"][:, 0, 0] += 0.3 * y * (groups == "a")  # the second's only in one group
+    template = [("last", "layer"), ("doc_mean", "layer")]
+    fixed = {"members": [{"blocks": 1}, {"blocks": 1}], "weights_grid": ((1, 1), (2, 1), (1, 2)), "C_grid": (1.0,)}
+    pick = choose(template, acts, [3], {}, y, groups, np.ones(n, bool), 0, fixed)
+    assert tuple(pick["weights"]) == (2, 1) and pick["best_weights"] == {3: (2, 1)}
+    settings = chosen_settings(fixed, pick)
+    assert settings["weights"] == [2.0, 1.0] and "weights_grid" not in settings and "C_grid" not in settings
+    from workbench.detect.pipelines import feature_matrix, resolve_settings
+
+    blocks = [("last", 3), ("doc_mean", 3)]
+    X = feature_matrix(blocks, acts, [3], {})
+    resolved = resolve_settings(settings, blocks, acts, {})
+    for fit_rows, val_rows in _inner_folds(groups, 0):
+        det = Detector("f", blocks, settings=resolved).fit(X[fit_rows], y[fit_rows])
+        np.testing.assert_allclose(pick["oof"][val_rows], det.predict_proba(X[val_rows]), atol=1e-12)
+
+
 def _planted(seed=0, n_groups=3, n=60, d=5, layers=(1, 4)):
     """Activations where only layer 4's 'last' view carries the label, in every group, plus a length cue
     that flips sign between groups (a detector that learns length fails to generalize)."""

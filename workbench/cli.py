@@ -354,7 +354,7 @@ def detect(
         trained_or_loaded,
     )
     from workbench.detect import DetectorConfig, resolve_layer
-    from workbench.detect.metrics import labelled_metrics
+    from workbench.detect.metrics import injected_labels, labelled_metrics
     from workbench.detect.trained import DEFAULT_PAIRS, summary_line
 
     asked_sources = _split(sources) or None
@@ -363,6 +363,8 @@ def detect(
                             reads=reads or "auto",
                             **({"sources": asked_sources} if asked_sources else {}))  # validates
     records = read_prompt_file(prompts) if prompts is not None else None  # a bad file fails before any training
+    if records is not None:
+        injected_labels(records)  # and so does a label that is neither clean nor injected
     out = out or (prompts.with_suffix(".scores.jsonl") if prompts is not None else None)
     if out is not None and out.is_dir():
         raise WorkbenchError(f"--out {out} is a folder: give a file path for the scores")

@@ -53,12 +53,37 @@ DETECTORS = {
                                                                                         "top": 4}},
                                                                {"blocks": 2}, {"blocks": 1}]}),
 }
+# the three-way fusion with its members' say chosen too, like C: equal, or one member counted twice
+# (``fusion.LogitMean``; the members' fits do not depend on it, so each option re-weighs the same fitted members)
+DETECTORS["token probe + span + keywords (weighted)"] = (
+    DETECTORS["token probe + span + keywords (three-way)"][0],
+    {**DETECTORS["token probe + span + keywords (three-way)"][1],
+     "weights_grid": ((1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2))})
+SEARCHED = ("C_grid", "weights_grid")  # settings that name what the choice searches, not what a fit takes
 FPR_FOR_THRESHOLD = 0.05
 
 
-def fit_settings(fixed: dict, C: float | None = None) -> dict:
-    """A detector's fixed settings as a fit takes them: without the C grid searched, with the chosen ``C``."""
-    return {**{k: v for k, v in fixed.items() if k != "C_grid"}, **({} if C is None else {"C": C})}
+def fit_settings(fixed: dict, C: float | None = None, weights=None) -> dict:
+    """A detector's fixed settings as a fit takes them: without the grids searched, with the chosen ``C`` and
+    fusion ``weights`` (None: equal)."""
+    return {**{k: v for k, v in fixed.items() if k not in SEARCHED}, **({} if C is None else {"C": C}),
+            **({} if weights is None else {"weights": [float(w) for w in weights]})}
+
+
+def chosen_settings(fixed: dict, pick: dict, layer=None) -> dict:
+    """``fit_settings`` with what the inner choice picked: at its layer, or the best C and weights at ``layer``."""
+    if layer is None or layer == pick["layer"]:
+        return fit_settings(fixed, pick["C"], pick.get("weights"))
+    return fit_settings(fixed, pick["best_C"][layer], pick.get("best_weights", {}).get(layer))
+
+
+def _scores(det, X, options) -> dict:
+    """P(injected) of ``X`` under ``det`` for each fusion weighting in ``options`` ((None,): as fitted)."""
+    if options == (None,):
+        return {None: det.predict_proba(X)}
+    fusion = det.pipeline.steps[-1][1]
+    z = fusion.standardized(X)
+    return {w: 1.0 / (1.0 + np.exp(-(np.asarray(w, float) / sum(w)) @ z)) for w in options}
 
 
 def _blocks(template, layer):
@@ -75,10 +100,12 @@ def _inner_folds(groups: np.ndarray, seed: int) -> list[tuple[np.ndarray, np.nda
 
 
 def choose(template, acts, layers, text, y, groups, rows, seed: int = 0, fixed: dict | None = None) -> dict:
-    """The layer and C with the best mean inner AUC on the (training) ``rows`` only; ``y`` and ``groups`` are theirs.
-    ``fixed``: settings every fit gets (``C_grid`` narrows the C searched). ``best_C``: per layer, its best C."""
+    """The layer, C (and a fusion's member weights) with the best mean inner AUC on the (training) ``rows`` only;
+    ``y`` and ``groups`` are theirs. ``fixed``: settings every fit gets (``C_grid`` narrows the C searched,
+    ``weights_grid`` lists a fusion's weightings). ``best_C``/``best_weights``: per layer, its best."""
     fixed = dict(fixed or {})
     grid = fixed.pop("C_grid", C_GRID)
+    options = tuple(tuple(w) for w in fixed.pop("weights_grid", ())) or (None,)
     uses_layer = any(where == LAYER for _, where in template)
     best, per_layer = None, {}
     for layer in (layers if uses_layer else [None]):
@@ -87,20 +114,24 @@ def choose(template, acts, layers, text, y, groups, rows, seed: int = 0, fixed: 
         resolved = resolve_settings(fixed, blocks, acts, text)
         for C in grid:
             settings = {**resolved, "C": C}
-            scores, oof = [], np.full(len(y), np.nan)
+            scores = {w: [] for w in options}
+            oof = {w: np.full(len(y), np.nan) for w in options}
             for fit_rows, val_rows in _inner_folds(groups, seed):
                 if len(set(y[fit_rows])) < 2:
                     continue
                 det = Detector("inner", blocks, settings=settings).fit(X[fit_rows], y[fit_rows])
-                oof[val_rows] = det.predict_proba(X[val_rows])  # a clean-only group: scored for the threshold
-                if len(set(y[val_rows])) == 2:
-                    scores.append(metrics.auc(y[val_rows], oof[val_rows]))
-            mean = float(np.mean(scores)) if scores else -math.inf
-            if layer not in per_layer or mean > per_layer[layer][1]:
-                per_layer[layer] = (C, mean)
-            if best is None or mean > best["inner_auc"]:
-                best = {"layer": layer, "C": C, "inner_auc": mean, "oof": oof}
-    return {**best, "best_C": {layer: c for layer, (c, _) in per_layer.items()}}
+                for w, p in _scores(det, X[val_rows], options).items():
+                    oof[w][val_rows] = p  # a clean-only group: scored for the threshold
+                    if len(set(y[val_rows])) == 2:
+                        scores[w].append(metrics.auc(y[val_rows], p))
+            for w in options:  # in grid order: a tie keeps the earlier (equal weights first)
+                mean = float(np.mean(scores[w])) if scores[w] else -math.inf
+                if layer not in per_layer or mean > per_layer[layer][2]:
+                    per_layer[layer] = (C, w, mean)
+                if best is None or mean > best["inner_auc"]:
+                    best = {"layer": layer, "C": C, "weights": w, "inner_auc": mean, "oof": oof[w]}
+    return {**best, "best_C": {layer: c for layer, (c, _, _) in per_layer.items()},
+            "best_weights": {layer: w for layer, (_, w, _) in per_layer.items()}}
 
 
 PARALLEL_MIN_ROWS = 300  # training rows below which choosing in one process beats starting a pool (~2 s)
@@ -140,7 +171,8 @@ def choose_all(detectors: dict, acts, layers, text, y, groups, rows, seed: int =
                 per_layer[layer] = pick
             if best is None or pick["inner_auc"] > best["inner_auc"]:
                 best = pick
-        picks[name] = {**best, "best_C": {layer: p["C"] for layer, p in per_layer.items()}}
+        picks[name] = {**best, "best_C": {layer: p["C"] for layer, p in per_layer.items()},
+                       "best_weights": {layer: p["weights"] for layer, p in per_layer.items()}}
     return {n: picks[n] for n in detectors}
 
 
@@ -237,19 +269,19 @@ def _held_out_rows(held, detectors, acts, text, layers, y, groups, lengths, near
     picks = choose_all(specs, acts, layers, text, y[train], groups[train], train, seed)
     for name, (template, fixed) in specs.items():
         pick = picks[name]
-        base = fit_settings(fixed)
         fit = (name, template, acts, layers, text, y, train, test)
-        s_train, s = _fit_and_score(*fit, {**base, "C": pick["C"]}, pick["layer"])
+        s_train, s = _fit_and_score(*fit, chosen_settings(fixed, pick), pick["layer"])
         # a diagnostic, not a choice: the held-out AUC had each layer been fixed (its C still chosen inside)
         at_layer = {str(at): metrics.auc(y[test], s if at == pick["layer"] else
-                                         _fit_and_score(*fit, {**base, "C": c}, at)[1])
-                    for at, c in pick["best_C"].items() if at is not None and len(layers) > 1}
+                                         _fit_and_score(*fit, chosen_settings(fixed, pick, at), at)[1])
+                    for at in pick["best_C"] if at is not None and len(layers) > 1}
         threshold = held_out_threshold(pick, y[train], s_train, near[train])
         a, lo, hi = metrics.auc_ci(y[test], s, n_boot=n_boot, seed=seed)
         lm, n_matched = metrics.length_matched_auc(y[test], s, lengths[test])
         t_near = near[test]
         rows.append({
             "held_out": held, "detector": name, "layer": pick["layer"], "C": pick["C"],
+            "weights": None if pick.get("weights") is None else list(pick["weights"]),
             "inner_auc": round(pick["inner_auc"], 4), "n_train": int(train.sum()), "n_test": int(test.sum()),
             "auc": a, "auc_low": lo, "auc_high": hi, "length_matched_auc": lm, "matched_pairs": n_matched,
             "tpr_at_1pct_fpr": metrics.tpr_at_fpr(y[test], s, 0.01),

@@ -18,11 +18,21 @@ from workbench.detect.shared_fits import fit
 
 class LogitMean(ClassifierMixin, BaseEstimator):
     """``members``: unfitted pipelines (each ending in a classifier); ``columns``: the ``[start, stop)`` of X each
-    reads. ``predict_proba`` is the sigmoid of the mean of the members' standardized decision values."""
+    reads; ``weights``: each member's say (None: equal). ``predict_proba`` is the sigmoid of the weighted mean of
+    the members' standardized decision values."""
 
-    def __init__(self, members=(), columns=()):
+    def __init__(self, members=(), columns=(), weights=None):
         self.members = members
         self.columns = columns
+        self.weights = weights
+
+    def _weights(self) -> np.ndarray:
+        if self.weights is None:
+            return np.full(len(self.columns), 1.0 / len(self.columns))
+        w = np.asarray(self.weights, dtype=float)
+        if w.shape != (len(self.columns),) or (w < 0).any() or not w.sum() > 0:
+            raise ValueError(f"LogitMean weights {self.weights!r}: one non-negative weight per member, not all 0")
+        return w / w.sum()
 
     def _parts(self, X) -> list[np.ndarray]:
         X = np.asarray(X, dtype=np.float64)
@@ -31,6 +41,7 @@ class LogitMean(ClassifierMixin, BaseEstimator):
     def fit(self, X, y):
         if len(self.members) != len(self.columns) or not self.members:
             raise ValueError("LogitMean needs one [start, stop) column range per member")
+        self._weights()
         parts = self._parts(X)
         self.members_ = [fit(clone(m), part, y) for m, part in zip(self.members, parts, strict=True)]
         raw = [m.decision_function(part) for m, part in zip(self.members_, parts, strict=True)]
@@ -40,9 +51,13 @@ class LogitMean(ClassifierMixin, BaseEstimator):
         self.n_features_in_ = np.asarray(X).shape[1]
         return self
 
-    def decision_function(self, X) -> np.ndarray:
+    def standardized(self, X) -> np.ndarray:
+        """[members, rows]: each member's decision values, centred and scaled by its own training rows'."""
         raw = [m.decision_function(part) for m, part in zip(self.members_, self._parts(X), strict=True)]
-        return np.mean([(r - c) / s for r, c, s in zip(raw, self.center_, self.scale_, strict=True)], axis=0)
+        return np.array([(r - c) / s for r, c, s in zip(raw, self.center_, self.scale_, strict=True)])
+
+    def decision_function(self, X) -> np.ndarray:
+        return self._weights() @ self.standardized(X)
 
     def predict_proba(self, X) -> np.ndarray:
         p = 1.0 / (1.0 + np.exp(-self.decision_function(X)))

@@ -12,6 +12,8 @@ import math
 
 import numpy as np
 
+from workbench.errors import WorkbenchError
+
 
 def auc(y: np.ndarray, s: np.ndarray) -> float:
     """ROC AUC (NaN when one class is missing)."""
@@ -83,15 +85,44 @@ def false_positive_rate(clean_scores: np.ndarray, threshold: float) -> float:
     return float((clean_scores > threshold).mean()) if len(clean_scores) else math.nan
 
 
+# the words a file's ``label`` may use for each class (compared lower-cased, with _ and - read as spaces)
+CLEAN_LABELS = ("clean", "benign", "0", "false", "no", "negative", "safe", "legitimate", "normal", "none",
+                "not injected", "no injection", "uninjected")
+INJECTED_LABELS = ("injected", "injection", "1", "true", "yes", "positive", "attack", "malicious", "adversarial",
+                   "poisoned", "unsafe", "prompt injection", "indirect injection")
+
+
+def injected_labels(records: list[dict]) -> np.ndarray | None:
+    """1 for each record labelled injected, 0 for clean; None when no record has a label. A label in neither word
+    list, or labels on some records only, is refused in one line: a guessed class would give a silently wrong AUC."""
+    have = [i for i, r in enumerate(records) if r.get("label") is not None]
+    if not have:
+        return None
+    if len(have) < len(records):
+        first = next(i for i, r in enumerate(records) if r.get("label") is None)
+        raise WorkbenchError(f"record {first + 1} has no label while {len(have)} of {len(records)} do: label every "
+                             "record (clean or injected) or none")
+    y = np.zeros(len(records), dtype=int)
+    for i, r in enumerate(records):
+        word = " ".join(str(r["label"]).strip().lower().replace("_", " ").replace("-", " ").split())
+        word = {"0.0": "0", "1.0": "1"}.get(word, word)  # True/False and 0/1 arrive as "true"/"false", "0"/"1"
+        if word in INJECTED_LABELS:
+            y[i] = 1
+        elif word not in CLEAN_LABELS:
+            raise WorkbenchError(f"record {i + 1} has the label {r['label']!r}, neither clean "
+                                 f"({', '.join(CLEAN_LABELS)}) nor injected ({', '.join(INJECTED_LABELS)}): "
+                                 "use one of these")
+    return y
+
+
 def labelled_metrics(rows: list[dict], lengths, n_boot: int = 1000) -> dict | None:
-    """How the scores separate the file's labels (clean: 0, false, ...), when every record has one: the AUC with
+    """How the scores separate the file's labels (``injected_labels``), when the records have them: the AUC with
     its bootstrap CI, the length-matched AUC (pairs within 10% of each other's length in characters, as
     ``workbench detect eval`` counts it), the true-positive rate at 1% and 5% false positives, and what the
     detector's threshold flags of each class. The AUCs and rates are NaN when the labels are all of one class."""
-    if not rows or any("label" not in r for r in rows):
+    y = injected_labels(rows) if rows else None
+    if y is None:
         return None
-    clean = {"clean", "benign", "0", "false", "no", "negative"}
-    y = np.array([str(r["label"]).strip().lower() not in clean for r in rows], dtype=int)
     s = np.array([r["score"] for r in rows], dtype=float)
     flagged = np.array([bool(r["flagged"]) for r in rows])
     a, lo, hi = auc_ci(y, s, n_boot=n_boot)

@@ -41,11 +41,12 @@ def _classes():
 
 
 def make_pipeline(C: float = 1.0, pca: int | None = None, seed: int = 0, reference: dict | None = None,
-                  tokens: dict | None = None, members: list[dict] | None = None):
+                  tokens: dict | None = None, members: list[dict] | None = None, weights: list[float] | None = None):
     """Optionally the change each row makes to a clean reference cloud's barcode (``reference``: its parameters)
     or the injected-token probe's top scores (``tokens``: its parameters), then standardize, optionally project
     on ``pca`` principal components, then a logistic regression. ``members``: instead, a late fusion of such
-    pipelines (each its ``columns`` and settings, ``C`` shared), scored by the mean of their standardized logits."""
+    pipelines (each its ``columns`` and settings, ``C`` shared), scored by the mean of their standardized logits,
+    weighted by ``weights`` (None: equal)."""
     from sklearn.pipeline import Pipeline
 
     classes = _classes()
@@ -53,7 +54,8 @@ def make_pipeline(C: float = 1.0, pca: int | None = None, seed: int = 0, referen
         if any("columns" not in m for m in members):
             raise WorkbenchError("fused members need their columns: pass the settings through resolve_settings")
         parts = [make_pipeline(C, m.get("pca"), seed, m.get("reference"), m.get("tokens")) for m in members]
-        return Pipeline([("fusion", classes["LogitMean"](members=parts, columns=[m["columns"] for m in members]))])
+        return Pipeline([("fusion", classes["LogitMean"](members=parts, columns=[m["columns"] for m in members],
+                                                         weights=None if weights is None else list(weights)))])
     steps = [("reference", classes["ReferenceCloudDelta"](**reference))] if reference is not None else []
     if tokens is not None:
         steps.append(("tokens", classes["TokenProbe"](**tokens)))
@@ -111,7 +113,7 @@ class Detector:
     def fit(self, X: np.ndarray, y: np.ndarray) -> Detector:
         pipeline = make_pipeline(self.settings.get("C", 1.0), self.settings.get("pca"),
                                  reference=self.settings.get("reference"), tokens=self.settings.get("tokens"),
-                                 members=self.settings.get("members"))
+                                 members=self.settings.get("members"), weights=self.settings.get("weights"))
         self.pipeline = shared_fits.fit(pipeline, X, y)
         return self
 
@@ -139,7 +141,7 @@ def _steps_to_list(pipeline) -> list[dict]:
         params = step.get_params(deep=False)
         entry = {"name": name, "class": kind, "fitted": fitted}
         if kind == "LogitMean":
-            params = {"columns": params["columns"]}
+            params = {"columns": params["columns"], "weights": params["weights"]}
             entry["members"] = [_steps_to_list(m) for m in step.members_]
         steps.append({**entry, "params": _jsonable(params)})
     return steps

@@ -65,7 +65,10 @@ SOURCES = ("generator", "agentdojo", "garak", "docs")
 # (garak 0.80 -> 0.87; results/fused/deployed-reading-three-way-150pairs). The two-way one stays by name.
 # "span mean+max + keywords" left AUTO in stop 43: the three-way fusion holds both its reads as members and beat it
 # in every inner choice since (0.908 against 0.883), and its fits were a fifth of the choice's time, which the
-# generator's larger share of the training pairs needed back. It stays by name.
+# generator's larger share of the training pairs needed back. It stays by name. The fusion that also chooses its
+# members' weights ("(weighted)", stop 44) is not a candidate: with the generator held out, the inner folds over the
+# other sources gave the span the double say, and the generator's AUC and near-misses suffered (0.681 -> 0.659,
+# 1.4% -> 11.1% flagged; studies/injection_detection, results/fused/deployed-reading-weighted-150pairs).
 AUTO = ("document span mean+max", "token probe + span + keywords (three-way)")
 # What the pooled views of a user's prompt read. "user turn": the whole message, so the request may stand before,
 # after or around the document; "after the first blank line": the heuristic document_span, which the delta needs
@@ -252,7 +255,7 @@ def fit_detector(model, config: DetectorConfig, cache=None, progress: bool = Tru
         FPR_FOR_THRESHOLD,
         _blocks,
         choose_all,
-        fit_settings,
+        chosen_settings,
         held_out_threshold,
     )
     from workbench.detect.features import text_features
@@ -285,7 +288,7 @@ def fit_detector(model, config: DetectorConfig, cache=None, progress: bool = Tru
     pick = picks[name]
     blocks = _blocks(template, pick["layer"])
     X = feature_matrix(blocks, acts, layers, text)
-    settings = resolve_settings(fit_settings(fixed, pick["C"]), blocks, acts, text)
+    settings = resolve_settings(chosen_settings(fixed, pick), blocks, acts, text)
     det = Detector(name, blocks, settings=settings).fit(X, y)
     s = det.predict_proba(X)
     threshold = held_out_threshold(pick, y, s, [bool(r.get("near_miss")) for r in records])
@@ -293,7 +296,9 @@ def fit_detector(model, config: DetectorConfig, cache=None, progress: bool = Tru
             "layer": pick["layer"], "views": sorted(_views_of(blocks)), "reads": reads,
             "pipeline": det.to_dict(),
             "threshold": float(threshold), "fpr_for_threshold": FPR_FOR_THRESHOLD,
-            "choice": {n: {"layer": p["layer"], "C": p["C"], "inner_auc": p["inner_auc"]} for n, p in picks.items()},
+            "choice": {n: {"layer": p["layer"], "C": p["C"], "inner_auc": p["inner_auc"],
+                           **({} if p.get("weights") is None else {"weights": list(p["weights"])})}
+                       for n, p in picks.items()},
             "inner_auc": pick["inner_auc"], "train_auc": metrics.auc(y, s), "n_train": len(y),
             "pairs_beyond_window": unread,
             "sources": sorted(set(groups))}
@@ -347,7 +352,9 @@ def summary_line(detector: dict) -> str:
     """One line that says what was trained and how well it did on sources it had not seen."""
     auc = detector["inner_auc"]
     held = "n/a" if auc is None or (isinstance(auc, float) and math.isnan(auc)) else f"{auc:.3f}"
-    return (f"{detector['pipeline']['name']} at layer {detector['layer']} (C={detector['pipeline']['settings']['C']}), "
+    settings = detector["pipeline"]["settings"]
+    weights = f", member weights {':'.join(f'{w:g}' for w in settings['weights'])}" if settings.get("weights") else ""
+    return (f"{detector['pipeline']['name']} at layer {detector['layer']} (C={settings['C']}{weights}), "
             f"{detector['n_train']} prompts from {', '.join(detector['sources'])}; "
             f"leave-one-source-out AUC {held}, threshold {detector['threshold']:.3f} "
             "(flags 5% of the training clean rows and of their near-misses, scored out of fold)")
