@@ -302,7 +302,9 @@ app.add_typer(detect_app, name="detect")
 @detect_app.callback(invoke_without_command=True)
 def detect(
     ctx: typer.Context,
-    prompts: Annotated[Path | None, typer.Option(help="JSONL to score ('text' per line); omit with --train")] = None,
+    prompts: Annotated[Path | None, typer.Option(
+        help="JSONL to score ('text' per line; a 'label' on every line, clean or injected, 0 or 1, ...: the AUC is "
+             "printed); omit with --train")] = None,
     out: Annotated[Path | None, typer.Option(help="scores JSONL (default: PROMPTS.scores.jsonl)")] = None,
     model: ModelOpt = "smollm2-135m",
     model_path: ModelPathOpt = None,
