@@ -73,17 +73,15 @@ def fit_settings(fixed: dict, C: float | None = None, weights=None) -> dict:
 def chosen_settings(fixed: dict, pick: dict, layer=None) -> dict:
     """``fit_settings`` with what the inner choice picked: at its layer, or the best C and weights at ``layer``."""
     if layer is None or layer == pick["layer"]:
-        return fit_settings(fixed, pick["C"], pick.get("weights"))
-    return fit_settings(fixed, pick["best_C"][layer], pick.get("best_weights", {}).get(layer))
+        return fit_settings(fixed, pick["C"], pick["weights"])
+    return fit_settings(fixed, pick["best_C"][layer], pick["best_weights"][layer])
 
 
 def _scores(det, X, options) -> dict:
     """P(injected) of ``X`` under ``det`` for each fusion weighting in ``options`` ((None,): as fitted)."""
     if options == (None,):
         return {None: det.predict_proba(X)}
-    fusion = det.pipeline.steps[-1][1]
-    z = fusion.standardized(X)
-    return {w: 1.0 / (1.0 + np.exp(-(np.asarray(w, float) / sum(w)) @ z)) for w in options}
+    return det.pipeline.steps[-1][1].reweighed_proba(X, options)
 
 
 def _blocks(template, layer):
@@ -281,7 +279,7 @@ def _held_out_rows(held, detectors, acts, text, layers, y, groups, lengths, near
         t_near = near[test]
         rows.append({
             "held_out": held, "detector": name, "layer": pick["layer"], "C": pick["C"],
-            "weights": None if pick.get("weights") is None else list(pick["weights"]),
+            "weights": None if pick["weights"] is None else list(pick["weights"]),
             "inner_auc": round(pick["inner_auc"], 4), "n_train": int(train.sum()), "n_test": int(test.sum()),
             "auc": a, "auc_low": lo, "auc_high": hi, "length_matched_auc": lm, "matched_pairs": n_matched,
             "tpr_at_1pct_fpr": metrics.tpr_at_fpr(y[test], s, 0.01),

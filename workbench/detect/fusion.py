@@ -26,14 +26,6 @@ class LogitMean(ClassifierMixin, BaseEstimator):
         self.columns = columns
         self.weights = weights
 
-    def _weights(self) -> np.ndarray:
-        if self.weights is None:
-            return np.full(len(self.columns), 1.0 / len(self.columns))
-        w = np.asarray(self.weights, dtype=float)
-        if w.shape != (len(self.columns),) or (w < 0).any() or not w.sum() > 0:
-            raise ValueError(f"LogitMean weights {self.weights!r}: one non-negative weight per member, not all 0")
-        return w / w.sum()
-
     def _parts(self, X) -> list[np.ndarray]:
         X = np.asarray(X, dtype=np.float64)
         return [X[:, a:b] for a, b in self.columns]
@@ -41,7 +33,7 @@ class LogitMean(ClassifierMixin, BaseEstimator):
     def fit(self, X, y):
         if len(self.members) != len(self.columns) or not self.members:
             raise ValueError("LogitMean needs one [start, stop) column range per member")
-        self._weights()
+        _combine(self.weights, np.zeros((len(self.columns), 0)))  # bad weights fail before any member is fitted
         parts = self._parts(X)
         self.members_ = [fit(clone(m), part, y) for m, part in zip(self.members, parts, strict=True)]
         raw = [m.decision_function(part) for m, part in zip(self.members_, parts, strict=True)]
@@ -57,11 +49,33 @@ class LogitMean(ClassifierMixin, BaseEstimator):
         return np.array([(r - c) / s for r, c, s in zip(raw, self.center_, self.scale_, strict=True)])
 
     def decision_function(self, X) -> np.ndarray:
-        return self._weights() @ self.standardized(X)
+        return _combine(self.weights, self.standardized(X))
+
+    def reweighed_proba(self, X, options) -> dict:
+        """P(injected) of ``X`` under each weighting in ``options``, from one pass over the fitted members: the
+        members' fits and scaling do not depend on the weights, so each is the ``predict_proba`` of a fusion fitted
+        with those weights."""
+        z = self.standardized(X)
+        return {w: _sigmoid(_combine(w, z)) for w in options}
 
     def predict_proba(self, X) -> np.ndarray:
-        p = 1.0 / (1.0 + np.exp(-self.decision_function(X)))
+        p = _sigmoid(self.decision_function(X))
         return np.c_[1.0 - p, p]
 
     def predict(self, X) -> np.ndarray:
         return self.classes_[(self.decision_function(X) > 0).astype(int)]
+
+
+def _combine(weights, z: np.ndarray) -> np.ndarray:
+    """The weighted mean of the members' standardized logits ``z`` ([members, rows]; ``weights`` None: the plain
+    mean), refusing weights that are not one non-negative number per member, not all 0."""
+    if weights is None:
+        return z.mean(axis=0)
+    w = np.asarray(weights, dtype=float)
+    if w.shape != (len(z),) or (w < 0).any() or not w.sum() > 0:
+        raise ValueError(f"LogitMean weights {weights!r}: one non-negative weight per member, not all 0")
+    return (w / w.sum()) @ z
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))

@@ -297,7 +297,7 @@ def fit_detector(model, config: DetectorConfig, cache=None, progress: bool = Tru
             "pipeline": det.to_dict(),
             "threshold": float(threshold), "fpr_for_threshold": FPR_FOR_THRESHOLD,
             "choice": {n: {"layer": p["layer"], "C": p["C"], "inner_auc": p["inner_auc"],
-                           **({} if p.get("weights") is None else {"weights": list(p["weights"])})}
+                           **({} if p["weights"] is None else {"weights": list(p["weights"])})}
                        for n, p in picks.items()},
             "inner_auc": pick["inner_auc"], "train_auc": metrics.auc(y, s), "n_train": len(y),
             "pairs_beyond_window": unread,
